@@ -1,0 +1,96 @@
+//! Engine errors. Every failure crosses into Python as `MlsError`, a RuntimeError whose
+//! message starts with `MLS engine error: ` (spec 7.2); the text here is what follows.
+
+use mls_rs::error::MlsError as RsError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot use data_dir {path}: {detail}")]
+    DataDir { path: String, detail: String },
+
+    #[error("storage failure: {0}")]
+    Storage(String),
+
+    #[error("data_dir belongs to identity {stored:?}, not {requested:?}; use one data_dir per agent")]
+    IdentityMismatch { stored: String, requested: String },
+
+    #[error("identity must be 1 to {max} bytes, got {len}")]
+    BadIdentity { len: usize, max: usize },
+
+    #[error("unsupported cipher suite {0}; supported: 1 (X25519/Ed25519) and 2 (P-256)")]
+    UnsupportedCipherSuite(u16),
+
+    #[error("data_dir was created with cipher suite {stored}, not {requested}")]
+    CipherSuiteMismatch { stored: u16, requested: u16 },
+
+    #[error("malformed {what}: {detail}")]
+    Malformed { what: &'static str, detail: String },
+
+    #[error("expected {expected}, got {got}")]
+    WrongKind { expected: &'static str, got: String },
+
+    #[error("bad key package: it uses cipher suite {got}, the group uses {want}")]
+    KeyPackageSuite { got: u16, want: u16 },
+
+    #[error("invalid Welcome: it is not addressed to any key package of this agent (already used, or made for someone else)")]
+    WelcomeNotForUs,
+
+    #[error("message belongs to group {got}, not {want}")]
+    WrongGroup { got: String, want: String },
+
+    #[error("wrong epoch: message is for epoch {message}, group is at epoch {group}")]
+    WrongEpoch { message: u64, group: u64 },
+
+    #[error("group {0} not found in this data_dir")]
+    GroupNotFound(String),
+
+    #[error("group {0} already exists in this data_dir")]
+    GroupExists(String),
+
+    #[error("{0:?} is not a member of this group")]
+    NotAMember(String),
+
+    #[error("a commit is already pending in epoch {0}; apply it once the relay accepted it, or clear it")]
+    CommitPending(u64),
+
+    #[error("no commit is pending")]
+    NoPendingCommit,
+
+    #[error("this agent was removed from the group")]
+    Removed,
+
+    #[error("{op}: {detail}")]
+    Mls { op: &'static str, detail: String },
+}
+
+pub type Result<T> = std::result::Result<T, EngineError>;
+
+impl EngineError {
+    /// Wraps an mls-rs error with the operation that failed and a plain description.
+    pub fn mls(op: &'static str, err: RsError) -> Self {
+        let detail = match &err {
+            RsError::CantProcessMessageFromSelf => "message was sent by this agent itself".into(),
+            RsError::InvalidSignature => "signature check failed (forged or corrupted message)".into(),
+            RsError::InvalidMembershipTag => "membership tag check failed (not from a member)".into(),
+            RsError::KeyMissing(generation) => {
+                format!("decryption failure: no key for generation {generation} (replayed or too old)")
+            }
+            RsError::InvalidEpoch => "message is for an epoch this agent has no secrets for".into(),
+            RsError::EpochNotFound => "message is for an epoch this agent has no secrets for".into(),
+            RsError::CryptoProviderError(_) => format!("decryption failure ({err})"),
+            RsError::GroupNotFound => "group not found".into(),
+            RsError::WelcomeKeyPackageNotFound => {
+                "invalid Welcome: no matching key package secret (already used, or made for someone else)".into()
+            }
+            RsError::CommitRequired => "a proposal was received; a commit is required before sending".into(),
+            _ => err.to_string(),
+        };
+        EngineError::Mls { op, detail }
+    }
+}
+
+impl From<rusqlite::Error> for EngineError {
+    fn from(e: rusqlite::Error) -> Self {
+        EngineError::Storage(e.to_string())
+    }
+}

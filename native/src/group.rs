@@ -1,0 +1,361 @@
+//! One MLS group: every operation under the group's lock, state written after each change.
+//!
+//! A commit made here is *pending* until the delivery service accepts it
+//! (`apply_pending_commit`) or rejects it because another commit won the epoch
+//! (`clear_pending_commit`, then `process` the winner and build again).
+
+use std::sync::{Mutex, MutexGuard};
+
+use mls_rs::group::proposal::Proposal;
+use mls_rs::group::{CommitEffect, CommitMessageDescription, ReceivedMessage};
+use mls_rs::{Group, MlsMessage, WireFormat};
+
+use crate::engine::{Config, MlsClient};
+use crate::error::{EngineError, Result};
+use crate::message::{expect_kind, is_commit};
+
+pub type MlsGroup = Group<Config>;
+
+/// A commit waiting for the delivery service's verdict.
+#[derive(Debug, Clone)]
+pub struct PendingCommit {
+    pub commit: Vec<u8>,
+    pub welcome: Option<Vec<u8>>,
+    /// The epoch the commit was built in; the relay accepts it only while that is current.
+    pub epoch: u64,
+}
+
+/// What a commit changed, as this member sees it.
+#[derive(Debug, Clone, Default)]
+pub struct CommitInfo {
+    pub epoch: u64,
+    pub committer: Vec<u8>,
+    pub added: Vec<Vec<u8>>,
+    pub removed: Vec<Vec<u8>>,
+    /// This agent was removed; the group is gone from its store.
+    pub self_removed: bool,
+}
+
+#[derive(Debug, Clone)]
+pub enum Received {
+    Application { sender: Vec<u8>, data: Vec<u8>, epoch: u64, authenticated_data: Vec<u8> },
+    Commit(CommitInfo),
+    Proposal { sender: Option<Vec<u8>>, epoch: u64 },
+}
+
+pub struct GroupHandle {
+    group_id: Vec<u8>,
+    client: MlsClient,
+    // None once this agent has been removed or the group was deleted.
+    state: Mutex<Option<MlsGroup>>,
+}
+
+fn identity_of(member: &mls_rs::group::Member) -> Vec<u8> {
+    member
+        .signing_identity
+        .credential
+        .as_basic()
+        .map(|b| b.identifier.clone())
+        .unwrap_or_default()
+}
+
+fn roster(group: &MlsGroup) -> Vec<(u32, Vec<u8>)> {
+    group.roster().members_iter().map(|m| (m.index, identity_of(&m))).collect()
+}
+
+fn lookup(roster: &[(u32, Vec<u8>)], index: u32) -> Vec<u8> {
+    roster.iter().find(|(i, _)| *i == index).map(|(_, id)| id.clone()).unwrap_or_default()
+}
+
+fn commit_info(desc: &CommitMessageDescription, before: &[(u32, Vec<u8>)]) -> CommitInfo {
+    let (new_epoch, self_removed) = match &desc.effect {
+        CommitEffect::NewEpoch(e) => (Some(e), false),
+        CommitEffect::Removed { new_epoch, .. } => (Some(new_epoch), true),
+        CommitEffect::ReInit(_) => (None, false),
+    };
+    let mut info = CommitInfo { committer: lookup(before, desc.committer), self_removed, ..Default::default() };
+    if let Some(e) = new_epoch {
+        info.epoch = e.epoch;
+        for p in &e.applied_proposals {
+            match &p.proposal {
+                Proposal::Add(add) => info.added.push(
+                    add.signing_identity().credential.as_basic().map(|b| b.identifier.clone()).unwrap_or_default(),
+                ),
+                Proposal::Remove(rm) => info.removed.push(lookup(before, rm.to_remove())),
+                _ => {}
+            }
+        }
+    }
+    info
+}
+
+impl GroupHandle {
+    pub(crate) fn new(client: MlsClient, group: MlsGroup) -> Self {
+        Self { group_id: group.group_id().to_vec(), client, state: Mutex::new(Some(group)) }
+    }
+
+    pub fn group_id(&self) -> &[u8] {
+        &self.group_id
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<MlsGroup>> {
+        // A panic inside mls-rs must not make the group unusable for every other thread.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn is_removed(&self) -> bool {
+        self.lock().is_none()
+    }
+
+    pub(crate) fn mark_removed(&self) {
+        *self.lock() = None;
+    }
+
+    /// Runs `op` on the live group. If it fails, the in-memory state is replaced by the
+    /// last stored state, so a bad message can never leave half-applied changes behind.
+    fn mutate<T>(&self, op: impl FnOnce(&mut MlsGroup) -> Result<T>) -> Result<T> {
+        let mut guard = self.lock();
+        let group = guard.as_mut().ok_or(EngineError::Removed)?;
+        match op(group) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                match self.client.load_group(&self.group_id) {
+                    Ok(stored) => *group = stored,
+                    // Nothing stored any more: the group cannot be used safely.
+                    Err(_) => *guard = None,
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn read<T>(&self, op: impl FnOnce(&MlsGroup) -> T) -> Result<T> {
+        self.lock().as_ref().map(op).ok_or(EngineError::Removed)
+    }
+
+    pub fn epoch(&self) -> Result<u64> {
+        self.read(|g| g.current_epoch())
+    }
+
+    pub fn cipher_suite(&self) -> Result<u16> {
+        self.read(|g| g.cipher_suite().into())
+    }
+
+    /// (leaf index, identity) of every member, in leaf order.
+    pub fn members(&self) -> Result<Vec<(u32, Vec<u8>)>> {
+        self.read(roster)
+    }
+
+    pub fn has_pending_commit(&self) -> Result<bool> {
+        self.read(|g| g.has_pending_commit())
+    }
+
+    /// GroupInfo (with the ratchet tree) that allows an external commit into this epoch.
+    pub fn group_info(&self) -> Result<Vec<u8>> {
+        self.read(|g| {
+            g.group_info_message_allowing_ext_commit(true)
+                .and_then(|m| m.to_bytes())
+                .map_err(|e| EngineError::mls("group info", e))
+        })?
+    }
+
+    pub fn encrypt(&self, plaintext: &[u8], authenticated_data: &[u8]) -> Result<Vec<u8>> {
+        self.mutate(|g| {
+            let msg = g
+                .encrypt_application_message(plaintext, authenticated_data.to_vec())
+                .map_err(|e| EngineError::mls("encrypt", e))?;
+            // Persist the advanced ratchet before the ciphertext leaves: a crash must not
+            // let the next process encrypt under the same key generation again.
+            g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
+            msg.to_bytes().map_err(|e| EngineError::mls("encode", e))
+        })
+    }
+
+    pub fn process(&self, bytes: &[u8]) -> Result<Received> {
+        let msg = MlsMessage::from_bytes(bytes)
+            .map_err(|e| EngineError::Malformed { what: "MLS message", detail: e.to_string() })?;
+        if !matches!(msg.wire_format(), WireFormat::PrivateMessage | WireFormat::PublicMessage) {
+            expect_kind(&msg, WireFormat::PrivateMessage, "a group message (private or public)")?;
+        }
+        if msg.group_id() != Some(self.group_id.as_slice()) {
+            return Err(EngineError::WrongGroup {
+                got: hex::encode(msg.group_id().unwrap_or_default()),
+                want: hex::encode(&self.group_id),
+            });
+        }
+        let commit = is_commit(&msg);
+        let mut guard = self.lock();
+        let group = guard.as_mut().ok_or(EngineError::Removed)?;
+        let current = group.current_epoch();
+        let msg_epoch = msg.epoch().unwrap_or_default();
+        if msg_epoch > current || (commit && msg_epoch != current) {
+            return Err(EngineError::WrongEpoch { message: msg_epoch, group: current });
+        }
+        let before = if commit { roster(group) } else { Vec::new() };
+        drop(guard);
+
+        let received = self.mutate(|g| {
+            let received = g.process_incoming_message(msg).map_err(|e| EngineError::mls("process message", e))?;
+            let out = match received {
+                ReceivedMessage::ApplicationMessage(app) => Received::Application {
+                    sender: g.member_at_index(app.sender_index).map(|m| identity_of(&m)).unwrap_or_default(),
+                    data: app.data().to_vec(),
+                    epoch: msg_epoch,
+                    authenticated_data: app.authenticated_data,
+                },
+                ReceivedMessage::Commit(desc) => Received::Commit(commit_info(&desc, &before)),
+                ReceivedMessage::Proposal(p) => Received::Proposal {
+                    sender: match p.sender {
+                        mls_rs::group::ProposalSender::Member(i) => Some(lookup(&roster(g), i)),
+                        _ => None,
+                    },
+                    epoch: msg_epoch,
+                },
+                _ => {
+                    return Err(EngineError::WrongKind { expected: "a group message", got: "another message type".into() })
+                }
+            };
+            if !matches!(&out, Received::Commit(c) if c.self_removed) {
+                g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
+            }
+            Ok(out)
+        })?;
+        if let Received::Commit(c) = &received {
+            if c.self_removed {
+                self.forget()?;
+            }
+        }
+        Ok(received)
+    }
+
+    /// Removed from the group: drop its state and secrets, here and on disk.
+    fn forget(&self) -> Result<()> {
+        *self.lock() = None;
+        use mls_rs::storage_provider::sqlite::storage::SqLiteGroupStateStorage;
+        let storage: SqLiteGroupStateStorage = self.client.group_state_storage();
+        storage.delete_group(&self.group_id).map_err(|e| EngineError::Storage(e.to_string()))
+    }
+
+    fn ensure_no_pending(g: &MlsGroup) -> Result<()> {
+        if g.has_pending_commit() {
+            Err(EngineError::CommitPending(g.current_epoch()))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn finish_commit(g: &mut MlsGroup, out: mls_rs::group::CommitOutput) -> Result<PendingCommit> {
+        // The pending commit is part of the stored state: a restart can still apply or clear it.
+        g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
+        Ok(PendingCommit {
+            commit: out.commit_message.to_bytes().map_err(|e| EngineError::mls("encode", e))?,
+            welcome: match out.welcome_messages.first() {
+                Some(w) => Some(w.to_bytes().map_err(|e| EngineError::mls("encode", e))?),
+                None => None,
+            },
+            epoch: g.current_epoch(),
+        })
+    }
+
+    /// Adds members by key package: a pending commit plus the Welcome for the joiners.
+    pub fn add_members(&self, key_packages: &[Vec<u8>]) -> Result<PendingCommit> {
+        if key_packages.is_empty() {
+            return Err(EngineError::Malformed { what: "key package list", detail: "no key packages given".into() });
+        }
+        let mut parsed = Vec::with_capacity(key_packages.len());
+        for kp in key_packages {
+            let msg = MlsMessage::from_bytes(kp)
+                .map_err(|e| EngineError::Malformed { what: "key package", detail: e.to_string() })?;
+            expect_kind(&msg, WireFormat::KeyPackage, "a key package")?;
+            parsed.push(msg);
+        }
+        self.mutate(|g| {
+            Self::ensure_no_pending(g)?;
+            let want: u16 = g.cipher_suite().into();
+            let members = roster(g);
+            let mut seen: Vec<Vec<u8>> = Vec::new();
+            for msg in &parsed {
+                let kp = msg.as_key_package().expect("checked wire format");
+                let got: u16 = kp.cipher_suite.into();
+                if got != want {
+                    return Err(EngineError::KeyPackageSuite { got, want });
+                }
+                let id = kp.signing_identity().credential.as_basic().map(|b| b.identifier.clone()).unwrap_or_default();
+                if members.iter().any(|(_, m)| *m == id) || seen.contains(&id) {
+                    return Err(EngineError::Mls {
+                        op: "add member",
+                        detail: format!("bad key package: {:?} is already a member", String::from_utf8_lossy(&id)),
+                    });
+                }
+                seen.push(id);
+            }
+            let mut builder = g.commit_builder();
+            for msg in parsed {
+                builder = builder.add_member(msg).map_err(|e| EngineError::mls("add member (bad key package)", e))?;
+            }
+            let out = builder.build().map_err(|e| EngineError::mls("add member commit", e))?;
+            Self::finish_commit(g, out)
+        })
+    }
+
+    /// Removes members by identity.
+    pub fn remove_members(&self, identities: &[Vec<u8>]) -> Result<PendingCommit> {
+        if identities.is_empty() {
+            return Err(EngineError::Malformed { what: "identity list", detail: "no identities given".into() });
+        }
+        self.mutate(|g| {
+            Self::ensure_no_pending(g)?;
+            let members = roster(g);
+            let me = g.current_member_index();
+            let mut builder = g.commit_builder();
+            for id in identities {
+                let (index, _) = members
+                    .iter()
+                    .find(|(_, m)| m == id)
+                    .ok_or_else(|| EngineError::NotAMember(String::from_utf8_lossy(id).into_owned()))?;
+                if *index == me {
+                    return Err(EngineError::Mls {
+                        op: "remove member",
+                        detail: "an agent cannot remove itself by commit; another member must remove it".into(),
+                    });
+                }
+                builder = builder.remove_member(*index).map_err(|e| EngineError::mls("remove member", e))?;
+            }
+            let out = builder.build().map_err(|e| EngineError::mls("remove member commit", e))?;
+            Self::finish_commit(g, out)
+        })
+    }
+
+    /// An empty commit with an update path: fresh leaf keys for post-compromise security.
+    pub fn self_update(&self) -> Result<PendingCommit> {
+        self.mutate(|g| {
+            Self::ensure_no_pending(g)?;
+            let out = g.commit_builder().build().map_err(|e| EngineError::mls("self-update commit", e))?;
+            Self::finish_commit(g, out)
+        })
+    }
+
+    /// The delivery service accepted our commit: move to the new epoch.
+    pub fn apply_pending_commit(&self) -> Result<CommitInfo> {
+        self.mutate(|g| {
+            if !g.has_pending_commit() {
+                return Err(EngineError::NoPendingCommit);
+            }
+            let before = roster(g);
+            let desc = g.apply_pending_commit().map_err(|e| EngineError::mls("apply commit", e))?;
+            g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
+            Ok(commit_info(&desc, &before))
+        })
+    }
+
+    /// The delivery service rejected our commit: forget it (the epoch is unchanged).
+    pub fn clear_pending_commit(&self) -> Result<()> {
+        self.mutate(|g| {
+            if !g.has_pending_commit() {
+                return Err(EngineError::NoPendingCommit);
+            }
+            g.clear_pending_commit();
+            g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))
+        })
+    }
+}

@@ -1,0 +1,19 @@
+//! svc's MLS engine: the only code in svc that touches key material.
+//!
+//! A thin layer over [mls-rs](https://github.com/awslabs/mls-rs): one signing identity
+//! and one SQLite store per agent `data_dir`, groups that persist after every state
+//! change, commits that stay pending until the delivery service decides. The `python`
+//! feature adds the PyO3 bindings that ship as `svc_sdk._native`.
+
+pub mod engine;
+pub mod error;
+pub mod group;
+pub mod message;
+pub mod storage;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use engine::{inspect, Engine, MessageInfo, DEFAULT_CIPHER_SUITE};
+pub use error::{EngineError, Result};
+pub use group::{CommitInfo, GroupHandle, PendingCommit, Received};

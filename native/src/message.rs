@@ -1,0 +1,55 @@
+//! Reading the public framing of MLS messages (RFC 9420 §6): no keys involved.
+
+use mls_rs::group::ContentType;
+use mls_rs::{MlsMessage, MlsMessageDescription, WireFormat};
+
+use crate::engine::MessageInfo;
+use crate::error::{EngineError, Result};
+
+pub fn wire_format_name(wf: WireFormat) -> &'static str {
+    match wf {
+        WireFormat::PublicMessage => "public_message",
+        WireFormat::PrivateMessage => "private_message",
+        WireFormat::Welcome => "welcome",
+        WireFormat::GroupInfo => "group_info",
+        WireFormat::KeyPackage => "key_package",
+        _ => "unknown",
+    }
+}
+
+fn content_type_name(ct: ContentType) -> &'static str {
+    match ct {
+        ContentType::Application => "application",
+        ContentType::Proposal => "proposal",
+        ContentType::Commit => "commit",
+    }
+}
+
+pub fn info(msg: &MlsMessage) -> MessageInfo {
+    let (group_id, epoch, content_type) = match msg.description() {
+        MlsMessageDescription::PrivateProtocolMessage { group_id, epoch_id, content_type } => {
+            (Some(group_id.to_vec()), Some(epoch_id), Some(content_type_name(content_type)))
+        }
+        MlsMessageDescription::PublicProtocolMessage { group_id, epoch_id, content_type, .. } => {
+            (Some(group_id.to_vec()), Some(epoch_id), Some(content_type_name(content_type)))
+        }
+        _ => (msg.group_id().map(<[u8]>::to_vec), msg.epoch(), None),
+    };
+    MessageInfo { wire_format: wire_format_name(msg.wire_format()), group_id, epoch, content_type }
+}
+
+pub fn is_commit(msg: &MlsMessage) -> bool {
+    matches!(
+        msg.description(),
+        MlsMessageDescription::PrivateProtocolMessage { content_type: ContentType::Commit, .. }
+            | MlsMessageDescription::PublicProtocolMessage { content_type: ContentType::Commit, .. }
+    )
+}
+
+pub fn expect_kind(msg: &MlsMessage, want: WireFormat, expected: &'static str) -> Result<()> {
+    if msg.wire_format() == want {
+        Ok(())
+    } else {
+        Err(EngineError::WrongKind { expected, got: wire_format_name(msg.wire_format()).replace('_', " ") })
+    }
+}

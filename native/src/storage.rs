@@ -1,0 +1,142 @@
+//! The agent's `data_dir`: one SQLite file holding the signing identity, group state,
+//! prior-epoch secrets and key-package secrets, private to the agent's user.
+
+use std::fs::{self, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use mls_rs::storage_provider::sqlite::{
+    connection_strategy::ConnectionStrategy, SqLiteDataStorageEngine, SqLiteDataStorageError,
+};
+use rusqlite::{Connection, OptionalExtension};
+
+use crate::error::{EngineError, Result};
+
+pub const DB_FILE: &str = "mls.sqlite3";
+
+/// Opens the store with the settings every connection needs.
+///
+/// WAL lets readers and the writer proceed together; `synchronous=NORMAL` makes each
+/// state write survive a process crash (the case that could otherwise reuse a sender
+/// ratchet key). After power loss the last writes may be lost; RFC 9420's reuse_guard,
+/// which mls-rs randomises per message, keeps nonces distinct in that case.
+pub struct SecureFileStrategy {
+    path: PathBuf,
+}
+
+impl ConnectionStrategy for SecureFileStrategy {
+    fn make_connection(&self) -> std::result::Result<Connection, SqLiteDataStorageError> {
+        open_connection(&self.path).map_err(|e| SqLiteDataStorageError::SqlEngineError(e.into()))
+    }
+}
+
+fn open_connection(path: &Path) -> std::result::Result<Connection, rusqlite::Error> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    Ok(conn)
+}
+
+/// Creates `data_dir` (0700) and the database file (0600) before SQLite touches them, so
+/// no key material is ever readable by another user, not even for an instant.
+pub fn prepare_data_dir(data_dir: &Path) -> Result<PathBuf> {
+    let err = |detail: String| EngineError::DataDir {
+        path: data_dir.display().to_string(),
+        detail,
+    };
+    if data_dir.as_os_str().is_empty() {
+        return Err(err("path is empty".into()));
+    }
+    if data_dir.exists() {
+        if !data_dir.is_dir() {
+            return Err(err("exists and is not a directory".into()));
+        }
+    } else {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(data_dir)
+            .map_err(|e| err(e.to_string()))?;
+    }
+    // Tighten a directory that an earlier tool created with looser permissions.
+    let mode = fs::metadata(data_dir).map_err(|e| err(e.to_string()))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        fs::set_permissions(data_dir, fs::Permissions::from_mode(0o700)).map_err(|e| err(e.to_string()))?;
+    }
+    let db = data_dir.join(DB_FILE);
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .open(&db)
+        .map_err(|e| err(format!("cannot create {}: {e}", db.display())))?;
+    fs::set_permissions(&db, fs::Permissions::from_mode(0o600)).map_err(|e| err(e.to_string()))?;
+    Ok(db)
+}
+
+pub fn storage_engine(db: &Path) -> SqLiteDataStorageEngine<SecureFileStrategy> {
+    // `new` only records the strategy; it cannot fail in this version.
+    SqLiteDataStorageEngine::new(SecureFileStrategy { path: db.to_owned() })
+        .expect("SqLiteDataStorageEngine::new is infallible")
+}
+
+/// The agent's signing identity as persisted in the store.
+pub struct StoredIdentity {
+    pub identity: Vec<u8>,
+    pub cipher_suite: u16,
+    pub public_key: Vec<u8>,
+    pub secret_key: Vec<u8>,
+}
+
+/// A small table of our own beside mls-rs's schema: the identity is ours, not mls-rs's.
+pub struct IdentityStore {
+    conn: Connection,
+}
+
+impl IdentityStore {
+    pub fn open(db: &Path) -> Result<Self> {
+        let conn = open_connection(db)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS svc_identity (
+                singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+                identity BLOB NOT NULL,
+                cipher_suite INTEGER NOT NULL,
+                public_key BLOB NOT NULL,
+                secret_key BLOB NOT NULL
+            )",
+        )?;
+        Ok(Self { conn })
+    }
+
+    pub fn load(&self) -> Result<Option<StoredIdentity>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT identity, cipher_suite, public_key, secret_key FROM svc_identity WHERE singleton = 1",
+                [],
+                |row| {
+                    Ok(StoredIdentity {
+                        identity: row.get(0)?,
+                        cipher_suite: row.get(1)?,
+                        public_key: row.get(2)?,
+                        secret_key: row.get(3)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Stores the identity unless one exists; returns whichever is stored afterwards, so
+    /// two processes racing on a fresh data_dir agree on one key.
+    pub fn insert_or_get(&self, id: &StoredIdentity) -> Result<StoredIdentity> {
+        self.conn.execute(
+            "INSERT OR IGNORE INTO svc_identity (singleton, identity, cipher_suite, public_key, secret_key)
+             VALUES (1, ?1, ?2, ?3, ?4)",
+            rusqlite::params![id.identity, id.cipher_suite, id.public_key, id.secret_key],
+        )?;
+        self.load()?
+            .ok_or_else(|| EngineError::Storage("identity row vanished after insert".into()))
+    }
+}

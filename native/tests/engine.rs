@@ -1,0 +1,297 @@
+//! Engine behaviour through its public Rust API: membership changes, the delivery-service
+//! commit flow, persistence and hostile input.
+
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use _native::{Engine, EngineError, GroupHandle, Received};
+use tempfile::TempDir;
+
+struct Agent {
+    _dir: TempDir,
+    engine: Engine,
+}
+
+fn agent(name: &str) -> Agent {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("data"), name.as_bytes(), None).unwrap();
+    Agent { _dir: dir, engine }
+}
+
+/// `creator` makes a group and adds each of `others`; returns every member's handle.
+fn group_of(creator: &Agent, others: &[&Agent]) -> Vec<Arc<GroupHandle>> {
+    let g = creator.engine.create_group(b"org/ns/svc").unwrap();
+    let mut handles = vec![g.clone()];
+    for other in others {
+        let kp = other.engine.generate_key_package().unwrap();
+        let pending = g.add_members(&[kp]).unwrap();
+        g.apply_pending_commit().unwrap();
+        for h in &handles[1..] {
+            assert!(matches!(h.process(&pending.commit).unwrap(), Received::Commit(_)));
+        }
+        handles.push(other.engine.join_group(&pending.welcome.unwrap()).unwrap());
+    }
+    handles
+}
+
+fn app_data(r: Received) -> (Vec<u8>, Vec<u8>) {
+    match r {
+        Received::Application { sender, data, .. } => (sender, data),
+        other => panic!("expected application message, got {other:?}"),
+    }
+}
+
+#[test]
+fn two_members_exchange_both_ways() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = group_of(&a, &[&b]);
+    let ct = g[0].encrypt(b"hi bob", b"").unwrap();
+    assert_eq!(app_data(g[1].process(&ct).unwrap()), (b"alice".to_vec(), b"hi bob".to_vec()));
+    let ct = g[1].encrypt(b"hi alice", b"").unwrap();
+    assert_eq!(app_data(g[0].process(&ct).unwrap()), (b"bob".to_vec(), b"hi alice".to_vec()));
+    assert_eq!(g[0].epoch().unwrap(), g[1].epoch().unwrap());
+    let ids: Vec<_> = g[1].members().unwrap().into_iter().map(|(_, id)| id).collect();
+    assert_eq!(ids, vec![b"alice".to_vec(), b"bob".to_vec()]);
+}
+
+#[test]
+fn three_members_all_decrypt() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let g = group_of(&a, &[&b, &c]);
+    let ct = g[2].encrypt(b"from carol", b"").unwrap();
+    assert_eq!(app_data(g[0].process(&ct).unwrap()).1, b"from carol");
+    assert_eq!(app_data(g[1].process(&ct).unwrap()).1, b"from carol");
+    assert_eq!(g[0].members().unwrap().len(), 3);
+}
+
+#[test]
+fn removed_member_cannot_decrypt_and_forgets_group() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let g = group_of(&a, &[&b, &c]);
+    let pending = g[0].remove_members(&[b"bob".to_vec()]).unwrap();
+    let info = g[0].apply_pending_commit().unwrap();
+    assert_eq!(info.removed, vec![b"bob".to_vec()]);
+    match g[1].process(&pending.commit).unwrap() {
+        Received::Commit(c) => assert!(c.self_removed),
+        other => panic!("unexpected {other:?}"),
+    }
+    g[2].process(&pending.commit).unwrap();
+    let ct = g[0].encrypt(b"secret after removal", b"").unwrap();
+    assert!(matches!(g[1].process(&ct), Err(EngineError::Removed)));
+    assert!(b.engine.group_ids().unwrap().is_empty());
+    assert_eq!(app_data(g[2].process(&ct).unwrap()).1, b"secret after removal");
+}
+
+#[test]
+fn self_update_advances_epoch_for_everyone() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = group_of(&a, &[&b]);
+    let before = g[1].epoch().unwrap();
+    let pending = g[1].self_update().unwrap();
+    g[1].apply_pending_commit().unwrap();
+    g[0].process(&pending.commit).unwrap();
+    assert_eq!(g[0].epoch().unwrap(), before + 1);
+    let ct = g[0].encrypt(b"new epoch", b"").unwrap();
+    assert_eq!(app_data(g[1].process(&ct).unwrap()).1, b"new epoch");
+}
+
+#[test]
+fn concurrent_commits_resolved_by_delivery_service() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let g = group_of(&a, &[&b]);
+    // Both commit in the same epoch; the delivery service accepts alice's.
+    let kp = c.engine.generate_key_package().unwrap();
+    let alice_commit = g[0].add_members(&[kp.clone()]).unwrap();
+    let bob_commit = g[1].self_update().unwrap();
+    assert_eq!(alice_commit.epoch, bob_commit.epoch);
+    g[0].apply_pending_commit().unwrap();
+    // Bob's commit is rejected: he clears it, processes the winner, and rebuilds.
+    g[1].clear_pending_commit().unwrap();
+    g[1].process(&alice_commit.commit).unwrap();
+    let carol = c.engine.join_group(&alice_commit.welcome.unwrap()).unwrap();
+    let retry = g[1].self_update().unwrap();
+    g[1].apply_pending_commit().unwrap();
+    g[0].process(&retry.commit).unwrap();
+    carol.process(&retry.commit).unwrap();
+    let epochs: Vec<_> = [&g[0], &g[1], &carol].iter().map(|h| h.epoch().unwrap()).collect();
+    assert!(epochs.windows(2).all(|w| w[0] == w[1]), "{epochs:?}");
+    let ct = carol.encrypt(b"all in sync", b"").unwrap();
+    assert_eq!(app_data(g[0].process(&ct).unwrap()).1, b"all in sync");
+    assert_eq!(app_data(g[1].process(&ct).unwrap()).1, b"all in sync");
+}
+
+#[test]
+fn losing_commit_cannot_be_processed_by_others() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = group_of(&a, &[&b]);
+    let loser = g[1].self_update().unwrap();
+    let winner = g[0].self_update().unwrap();
+    g[0].apply_pending_commit().unwrap();
+    g[1].clear_pending_commit().unwrap();
+    g[1].process(&winner.commit).unwrap();
+    assert!(matches!(g[0].process(&loser.commit), Err(EngineError::WrongEpoch { .. })));
+}
+
+#[test]
+fn pending_commit_blocks_a_second_commit() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = group_of(&a, &[&b]);
+    g[0].self_update().unwrap();
+    assert!(matches!(g[0].self_update(), Err(EngineError::CommitPending(_))));
+    g[0].clear_pending_commit().unwrap();
+    assert!(matches!(g[0].clear_pending_commit(), Err(EngineError::NoPendingCommit)));
+}
+
+#[test]
+fn state_survives_reopen() {
+    let dir_a = tempfile::tempdir().unwrap();
+    let b = agent("bob");
+    let (commit_epoch, welcome) = {
+        let a = Engine::open(dir_a.path(), b"alice", None).unwrap();
+        let g = a.create_group(b"g1").unwrap();
+        let p = g.add_members(&[b.engine.generate_key_package().unwrap()]).unwrap();
+        g.apply_pending_commit().unwrap();
+        (g.epoch().unwrap(), p.welcome.unwrap())
+    };
+    let bob = b.engine.join_group(&welcome).unwrap();
+    let a = Engine::open(dir_a.path(), b"alice", None).unwrap();
+    assert_eq!(a.group_ids().unwrap(), vec![b"g1".to_vec()]);
+    let g = a.group(b"g1").unwrap();
+    assert_eq!(g.epoch().unwrap(), commit_epoch);
+    let ct = g.encrypt(b"after restart", b"").unwrap();
+    assert_eq!(app_data(bob.process(&ct).unwrap()).1, b"after restart");
+}
+
+#[test]
+fn welcome_for_key_package_made_before_restart() {
+    let dir_b = tempfile::tempdir().unwrap();
+    let kp = Engine::open(dir_b.path(), b"bob", None).unwrap().generate_key_package().unwrap();
+    let a = agent("alice");
+    let g = a.engine.create_group(b"g").unwrap();
+    let p = g.add_members(&[kp]).unwrap();
+    g.apply_pending_commit().unwrap();
+    let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
+    let gb = bob.join_group(&p.welcome.unwrap()).unwrap();
+    assert_eq!(gb.epoch().unwrap(), g.epoch().unwrap());
+}
+
+#[test]
+fn data_dir_is_private_and_bound_to_identity() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("agent");
+    Engine::open(&data, b"alice", None).unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    for entry in std::fs::read_dir(&data).unwrap() {
+        assert_eq!(mode(&entry.unwrap().path()) & 0o077, 0, "group/other bits on a store file");
+    }
+    assert!(matches!(Engine::open(&data, b"mallory", None), Err(EngineError::IdentityMismatch { .. })));
+    assert!(matches!(Engine::open(&data, b"alice", Some(2)), Err(EngineError::CipherSuiteMismatch { .. })));
+    assert!(matches!(Engine::open(&data, b"", None), Err(EngineError::BadIdentity { .. })));
+    assert!(matches!(Engine::open(&data, b"alice", Some(9)), Err(EngineError::UnsupportedCipherSuite(9))));
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_changes_nothing() {
+    let (a, b, m) = (agent("alice"), agent("bob"), agent("mallory"));
+    let g = group_of(&a, &[&b]);
+    let ct = g[0].encrypt(b"one", b"").unwrap();
+    let epoch = g[1].epoch().unwrap();
+
+    assert!(matches!(g[1].process(b""), Err(EngineError::Malformed { .. })));
+    assert!(matches!(g[1].process(&[0xff; 64]), Err(EngineError::Malformed { .. })));
+    assert!(matches!(g[1].process(&ct[..ct.len() / 2]), Err(EngineError::Malformed { .. })));
+    let mut flipped = ct.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 1;
+    assert!(g[1].process(&flipped).is_err());
+    // A key package is not a group message.
+    let kp = m.engine.generate_key_package().unwrap();
+    assert!(matches!(g[1].process(&kp), Err(EngineError::WrongKind { .. })));
+    // The genuine message still decrypts after all of that, exactly once.
+    assert_eq!(app_data(g[1].process(&ct).unwrap()).1, b"one");
+    assert!(g[1].process(&ct).is_err(), "replay must fail");
+    assert_eq!(g[1].epoch().unwrap(), epoch);
+    let ct2 = g[0].encrypt(b"two", b"").unwrap();
+    assert_eq!(app_data(g[1].process(&ct2).unwrap()).1, b"two");
+}
+
+#[test]
+fn foreign_group_and_own_messages_rejected() {
+    let (a, b, m) = (agent("alice"), agent("bob"), agent("mallory"));
+    let g = group_of(&a, &[&b]);
+    let other = m.engine.create_group(b"elsewhere").unwrap();
+    let foreign = other.encrypt(b"x", b"").unwrap();
+    assert!(matches!(g[1].process(&foreign), Err(EngineError::WrongGroup { .. })));
+    // A non-member forging a message for this group id is rejected too.
+    let fake = m.engine.create_group(b"org/ns/svc").unwrap();
+    let forged = fake.encrypt(b"forged", b"").unwrap();
+    assert!(g[1].process(&forged).is_err());
+    let own = g[0].encrypt(b"mine", b"").unwrap();
+    assert!(g[0].process(&own).is_err());
+}
+
+#[test]
+fn key_package_errors() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = a.engine.create_group(b"g").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p256 = Engine::open(dir.path(), b"carol", Some(2)).unwrap();
+    let other_suite = p256.generate_key_package().unwrap();
+    assert!(matches!(g.add_members(&[other_suite]), Err(EngineError::KeyPackageSuite { got: 2, want: 1 })));
+    assert!(matches!(g.add_members(&[vec![1, 2, 3]]), Err(EngineError::Malformed { .. })));
+    assert!(matches!(g.add_members(&[]), Err(EngineError::Malformed { .. })));
+    let kp = b.engine.generate_key_package().unwrap();
+    assert!(g.add_members(&[kp.clone(), kp]).is_err(), "same identity twice");
+    assert!(!g.has_pending_commit().unwrap());
+    assert_eq!(g.epoch().unwrap(), 0);
+}
+
+#[test]
+fn welcome_for_someone_else_is_rejected() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let g = a.engine.create_group(b"g").unwrap();
+    let p = g.add_members(&[b.engine.generate_key_package().unwrap()]).unwrap();
+    let welcome = p.welcome.unwrap();
+    assert!(matches!(c.engine.join_group(&welcome), Err(EngineError::WelcomeNotForUs)));
+    assert!(matches!(c.engine.join_group(b"nonsense"), Err(EngineError::Malformed { .. })));
+    assert!(c.engine.group_ids().unwrap().is_empty());
+    // Bob can still use it, once.
+    b.engine.join_group(&welcome).unwrap();
+    assert!(b.engine.join_group(&welcome).is_err());
+}
+
+#[test]
+fn inspect_reads_public_framing() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = group_of(&a, &[&b]);
+    let ct = g[0].encrypt(b"x", b"").unwrap();
+    let info = _native::inspect(&ct).unwrap();
+    assert_eq!(info.wire_format, "private_message");
+    assert_eq!(info.content_type, Some("application"));
+    assert_eq!(info.group_id.as_deref(), Some(&b"org/ns/svc"[..]));
+    assert_eq!(info.epoch, Some(g[0].epoch().unwrap()));
+    let commit = g[0].self_update().unwrap();
+    assert_eq!(_native::inspect(&commit.commit).unwrap().content_type, Some("commit"));
+    assert!(_native::inspect(b"\x00").is_err());
+}
+
+#[test]
+fn one_group_from_many_threads() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = group_of(&a, &[&b]);
+    let sender = g[0].clone();
+    let cts: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..4)
+            .map(|t| {
+                let sender = sender.clone();
+                s.spawn(move || (0..25).map(|i| sender.encrypt(format!("{t}-{i}").as_bytes(), b"").unwrap()).collect::<Vec<_>>())
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    let mut got: Vec<_> = cts.iter().map(|ct| app_data(g[1].process(ct).unwrap()).1).collect();
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), 100);
+}
