@@ -9,13 +9,13 @@ use mls_rs::identity::basic::{BasicCredential, BasicIdentityProvider};
 use mls_rs::identity::SigningIdentity;
 use mls_rs::mls_rules::{CommitOptions, DefaultMlsRules, EncryptionOptions};
 use mls_rs::storage_provider::sqlite::storage::SqLiteGroupStateStorage;
-use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList, MlsMessage};
+use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList};
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
 use mls_rs_core::group::GroupStateStorage;
 
 use crate::error::{EngineError, Result};
 use crate::group::GroupHandle;
-use crate::message::expect_kind;
+use crate::message::{expect_kind, parse};
 use crate::storage::{self, IdentityStore, StoredIdentity};
 
 /// The crypto provider, chosen by measurement (docs/performance.md).
@@ -158,7 +158,7 @@ impl Engine {
 
     /// Joins from a Welcome addressed to one of this agent's key packages.
     pub fn join_group(&self, welcome: &[u8]) -> Result<Arc<GroupHandle>> {
-        let msg = MlsMessage::from_bytes(welcome).map_err(|e| EngineError::Malformed { what: "Welcome", detail: e.to_string() })?;
+        let msg = parse(welcome, "Welcome")?;
         expect_kind(&msg, mls_rs::WireFormat::Welcome, "a Welcome")?;
         if let Some(cs) = msg.cipher_suite() {
             if cs != self.cipher_suite {
@@ -233,6 +233,6 @@ pub struct MessageInfo {
 }
 
 pub fn inspect(bytes: &[u8]) -> Result<MessageInfo> {
-    let msg = MlsMessage::from_bytes(bytes).map_err(|e| EngineError::Malformed { what: "MLS message", detail: e.to_string() })?;
+    let msg = parse(bytes, "MLS message")?;
     Ok(crate::message::info(&msg))
 }

@@ -32,6 +32,9 @@ pub enum EngineError {
     #[error("bad key package: it uses cipher suite {got}, the group uses {want}")]
     KeyPackageSuite { got: u16, want: u16 },
 
+    #[error("bad key package: {0:?} is already a member")]
+    AlreadyMember(String),
+
     #[error("invalid Welcome: it is not addressed to any key package of this agent (already used, or made for someone else)")]
     WelcomeNotForUs,
 

@@ -8,11 +8,11 @@ use std::sync::{Mutex, MutexGuard};
 
 use mls_rs::group::proposal::Proposal;
 use mls_rs::group::{CommitEffect, CommitMessageDescription, ReceivedMessage};
-use mls_rs::{Group, MlsMessage, WireFormat};
+use mls_rs::{Group, WireFormat};
 
 use crate::engine::{Config, MlsClient};
 use crate::error::{EngineError, Result};
-use crate::message::{expect_kind, is_commit};
+use crate::message::{expect_kind, is_commit, parse};
 
 pub type MlsGroup = Group<Config>;
 
@@ -172,8 +172,7 @@ impl GroupHandle {
     }
 
     pub fn process(&self, bytes: &[u8]) -> Result<Received> {
-        let msg = MlsMessage::from_bytes(bytes)
-            .map_err(|e| EngineError::Malformed { what: "MLS message", detail: e.to_string() })?;
+        let msg = parse(bytes, "MLS message")?;
         if !matches!(msg.wire_format(), WireFormat::PrivateMessage | WireFormat::PublicMessage) {
             expect_kind(&msg, WireFormat::PrivateMessage, "a group message (private or public)")?;
         }
@@ -264,8 +263,7 @@ impl GroupHandle {
         }
         let mut parsed = Vec::with_capacity(key_packages.len());
         for kp in key_packages {
-            let msg = MlsMessage::from_bytes(kp)
-                .map_err(|e| EngineError::Malformed { what: "key package", detail: e.to_string() })?;
+            let msg = parse(kp, "key package")?;
             expect_kind(&msg, WireFormat::KeyPackage, "a key package")?;
             parsed.push(msg);
         }
@@ -282,10 +280,7 @@ impl GroupHandle {
                 }
                 let id = kp.signing_identity().credential.as_basic().map(|b| b.identifier.clone()).unwrap_or_default();
                 if members.iter().any(|(_, m)| *m == id) || seen.contains(&id) {
-                    return Err(EngineError::Mls {
-                        op: "add member",
-                        detail: format!("bad key package: {:?} is already a member", String::from_utf8_lossy(&id)),
-                    });
+                    return Err(EngineError::AlreadyMember(String::from_utf8_lossy(&id).into_owned()));
                 }
                 seen.push(id);
             }

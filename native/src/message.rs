@@ -1,6 +1,7 @@
 //! Reading the public framing of MLS messages (RFC 9420 §6): no keys involved.
 
 use mls_rs::group::ContentType;
+use mls_rs::mls_rs_codec::MlsDecode;
 use mls_rs::{MlsMessage, MlsMessageDescription, WireFormat};
 
 use crate::engine::MessageInfo;
@@ -52,4 +53,15 @@ pub fn expect_kind(msg: &MlsMessage, want: WireFormat, expected: &'static str) -
     } else {
         Err(EngineError::WrongKind { expected, got: wire_format_name(msg.wire_format()).replace('_', " ") })
     }
+}
+
+/// Decodes exactly one message: trailing bytes are an error, so one byte string can never
+/// be read as two different messages.
+pub fn parse(bytes: &[u8], what: &'static str) -> Result<MlsMessage> {
+    let mut rest = bytes;
+    let msg = MlsMessage::mls_decode(&mut rest).map_err(|e| EngineError::Malformed { what, detail: e.to_string() })?;
+    if !rest.is_empty() {
+        return Err(EngineError::Malformed { what, detail: format!("{} unexpected bytes after the message", rest.len()) });
+    }
+    Ok(msg)
 }

@@ -295,3 +295,15 @@ fn one_group_from_many_threads() {
     got.dedup();
     assert_eq!(got.len(), 100);
 }
+
+#[test]
+fn trailing_bytes_are_rejected() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = group_of(&a, &[&b]);
+    let mut ct = g[0].encrypt(b"x", b"").unwrap();
+    ct.push(0);
+    assert!(matches!(g[1].process(&ct), Err(EngineError::Malformed { .. })));
+    assert!(_native::inspect(&ct).is_err());
+    ct.pop();
+    assert_eq!(app_data(g[1].process(&ct).unwrap()).1, b"x");
+}

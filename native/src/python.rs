@@ -1,0 +1,368 @@
+//! PyO3 bindings: `svc_sdk._native`. Every call that does crypto or storage releases the
+//! GIL; every failure is `MlsError` (a RuntimeError) starting with `MLS engine error: `.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::engine::{Engine, DEFAULT_CIPHER_SUITE};
+use crate::error::EngineError;
+use crate::group::{CommitInfo, GroupHandle, PendingCommit, Received};
+
+create_exception!(
+    _native,
+    MlsError,
+    PyRuntimeError,
+    "An MLS engine failure. The message starts with 'MLS engine error: '."
+);
+
+fn to_py(e: EngineError) -> PyErr {
+    MlsError::new_err(format!("MLS engine error: {e}"))
+}
+
+fn bytes<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, data)
+}
+
+/// One agent's MLS state in `data_dir`, created on first use.
+///
+/// >>> engine = Engine("/tmp/agent-a", b"agent-a")
+/// >>> group = engine.create_group(b"org/ns/svc")
+#[pyclass(module = "svc_sdk._native", name = "Engine", frozen)]
+struct PyEngine {
+    inner: Arc<Engine>,
+}
+
+#[pymethods]
+impl PyEngine {
+    #[new]
+    #[pyo3(signature = (data_dir, identity, cipher_suite=None))]
+    fn new(py: Python<'_>, data_dir: PathBuf, identity: &[u8], cipher_suite: Option<u16>) -> PyResult<Self> {
+        let engine = py.allow_threads(|| Engine::open(&data_dir, identity, cipher_suite)).map_err(to_py)?;
+        Ok(Self { inner: Arc::new(engine) })
+    }
+
+    #[getter]
+    fn identity<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, self.inner.identity())
+    }
+
+    #[getter]
+    fn cipher_suite(&self) -> u16 {
+        self.inner.cipher_suite()
+    }
+
+    #[getter]
+    fn data_dir(&self) -> PathBuf {
+        self.inner.data_dir().to_owned()
+    }
+
+    /// A single-use MLS key package (bytes) to hand to a member who will add this agent.
+    fn generate_key_package<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let kp = py.allow_threads(|| self.inner.generate_key_package()).map_err(to_py)?;
+        Ok(bytes(py, &kp))
+    }
+
+    /// Creates a group with this agent as its only member.
+    fn create_group(&self, py: Python<'_>, group_id: &[u8]) -> PyResult<PyGroup> {
+        py.allow_threads(|| self.inner.create_group(group_id)).map(PyGroup::from).map_err(to_py)
+    }
+
+    /// Joins the group a Welcome (addressed to one of this agent's key packages) describes.
+    fn join_group(&self, py: Python<'_>, welcome: &[u8]) -> PyResult<PyGroup> {
+        py.allow_threads(|| self.inner.join_group(welcome)).map(PyGroup::from).map_err(to_py)
+    }
+
+    /// The stored group with this id; every call returns a handle to the same state.
+    fn group(&self, py: Python<'_>, group_id: &[u8]) -> PyResult<PyGroup> {
+        py.allow_threads(|| self.inner.group(group_id)).map(PyGroup::from).map_err(to_py)
+    }
+
+    /// Ids of every group stored in data_dir, sorted.
+    fn group_ids<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let ids = py.allow_threads(|| self.inner.group_ids()).map_err(to_py)?;
+        Ok(ids.iter().map(|id| bytes(py, id)).collect())
+    }
+
+    /// Deletes a group and its secrets from data_dir.
+    fn delete_group(&self, py: Python<'_>, group_id: &[u8]) -> PyResult<()> {
+        py.allow_threads(|| self.inner.delete_group(group_id)).map_err(to_py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Engine(identity={:?}, cipher_suite={}, data_dir={:?})",
+            String::from_utf8_lossy(self.inner.identity()),
+            self.inner.cipher_suite(),
+            self.inner.data_dir()
+        )
+    }
+}
+
+/// One MLS group. Safe to share between threads: operations on it are serialised by a
+/// per-group lock, and different groups never wait for each other.
+#[pyclass(module = "svc_sdk._native", name = "Group", frozen)]
+struct PyGroup {
+    inner: Arc<GroupHandle>,
+}
+
+impl From<Arc<GroupHandle>> for PyGroup {
+    fn from(inner: Arc<GroupHandle>) -> Self {
+        Self { inner }
+    }
+}
+
+#[pymethods]
+impl PyGroup {
+    #[getter]
+    fn group_id<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, self.inner.group_id())
+    }
+
+    #[getter]
+    fn epoch(&self) -> PyResult<u64> {
+        self.inner.epoch().map_err(to_py)
+    }
+
+    #[getter]
+    fn cipher_suite(&self) -> PyResult<u16> {
+        self.inner.cipher_suite().map_err(to_py)
+    }
+
+    #[getter]
+    fn has_pending_commit(&self) -> PyResult<bool> {
+        self.inner.has_pending_commit().map_err(to_py)
+    }
+
+    /// Identities of the members, in leaf order.
+    fn members<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let members = self.inner.members().map_err(to_py)?;
+        Ok(members.iter().map(|(_, id)| bytes(py, id)).collect())
+    }
+
+    /// Encrypts an application message for every member.
+    #[pyo3(signature = (plaintext, authenticated_data=b"".as_slice()))]
+    fn encrypt<'py>(&self, py: Python<'py>, plaintext: &[u8], authenticated_data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let ct = py.allow_threads(|| self.inner.encrypt(plaintext, authenticated_data)).map_err(to_py)?;
+        Ok(bytes(py, &ct))
+    }
+
+    /// Processes a message from the delivery service: decrypts an application message,
+    /// applies a commit (our own pending one included), or records a proposal.
+    fn process(&self, py: Python<'_>, message: &[u8]) -> PyResult<PyReceived> {
+        py.allow_threads(|| self.inner.process(message)).map(PyReceived::from).map_err(to_py)
+    }
+
+    /// A pending commit adding the members whose key packages are given, with their Welcome.
+    fn add_members(&self, py: Python<'_>, key_packages: Vec<Vec<u8>>) -> PyResult<PyPendingCommit> {
+        py.allow_threads(|| self.inner.add_members(&key_packages)).map(PyPendingCommit).map_err(to_py)
+    }
+
+    /// A pending commit removing the members with these identities.
+    fn remove_members(&self, py: Python<'_>, identities: Vec<Vec<u8>>) -> PyResult<PyPendingCommit> {
+        py.allow_threads(|| self.inner.remove_members(&identities)).map(PyPendingCommit).map_err(to_py)
+    }
+
+    /// A pending commit that refreshes this member's keys (an update path).
+    fn self_update(&self, py: Python<'_>) -> PyResult<PyPendingCommit> {
+        py.allow_threads(|| self.inner.self_update()).map(PyPendingCommit).map_err(to_py)
+    }
+
+    /// The delivery service accepted the pending commit: enter the new epoch.
+    fn apply_pending_commit(&self, py: Python<'_>) -> PyResult<PyReceived> {
+        py.allow_threads(|| self.inner.apply_pending_commit())
+            .map(|c| PyReceived::from(Received::Commit(c)))
+            .map_err(to_py)
+    }
+
+    /// The delivery service rejected the pending commit: drop it and stay in this epoch.
+    fn clear_pending_commit(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.clear_pending_commit()).map_err(to_py)
+    }
+
+    /// GroupInfo with the ratchet tree, allowing an external commit into this epoch.
+    fn group_info<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let gi = py.allow_threads(|| self.inner.group_info()).map_err(to_py)?;
+        Ok(bytes(py, &gi))
+    }
+
+    fn __repr__(&self) -> String {
+        let epoch = self.inner.epoch().map(|e| e.to_string()).unwrap_or_else(|_| "removed".into());
+        format!("Group(group_id={:?}, epoch={epoch})", String::from_utf8_lossy(self.inner.group_id()))
+    }
+}
+
+/// A commit waiting for the delivery service: send `commit` (and, once accepted, `welcome`).
+#[pyclass(module = "svc_sdk._native", name = "PendingCommit", frozen)]
+struct PyPendingCommit(PendingCommit);
+
+#[pymethods]
+impl PyPendingCommit {
+    #[getter]
+    fn commit<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, &self.0.commit)
+    }
+
+    #[getter]
+    fn welcome<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.0.welcome.as_deref().map(|w| bytes(py, w))
+    }
+
+    /// The epoch the commit was built in.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        self.0.epoch
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "PendingCommit(epoch={}, commit={} bytes, welcome={})",
+            self.0.epoch,
+            self.0.commit.len(),
+            self.0.welcome.as_ref().map(|w| format!("{} bytes", w.len())).unwrap_or_else(|| "None".into())
+        )
+    }
+}
+
+/// The result of processing a message. `kind` is "application", "commit" or "proposal".
+#[pyclass(module = "svc_sdk._native", name = "Received", frozen)]
+struct PyReceived(Received);
+
+impl From<Received> for PyReceived {
+    fn from(r: Received) -> Self {
+        Self(r)
+    }
+}
+
+impl PyReceived {
+    fn commit(&self) -> Option<&CommitInfo> {
+        match &self.0 {
+            Received::Commit(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+#[pymethods]
+impl PyReceived {
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.0 {
+            Received::Application { .. } => "application",
+            Received::Commit(_) => "commit",
+            Received::Proposal { .. } => "proposal",
+        }
+    }
+
+    /// Identity of the sender (application, proposal) or committer (commit).
+    #[getter]
+    fn sender<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        match &self.0 {
+            Received::Application { sender, .. } => Some(bytes(py, sender)),
+            Received::Commit(c) => Some(bytes(py, &c.committer)),
+            Received::Proposal { sender, .. } => sender.as_deref().map(|s| bytes(py, s)),
+        }
+    }
+
+    /// Decrypted application data; None for commits and proposals.
+    #[getter]
+    fn data<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        match &self.0 {
+            Received::Application { data, .. } => Some(bytes(py, data)),
+            _ => None,
+        }
+    }
+
+    #[getter]
+    fn authenticated_data<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        match &self.0 {
+            Received::Application { authenticated_data, .. } => Some(bytes(py, authenticated_data)),
+            _ => None,
+        }
+    }
+
+    /// The message's epoch, or for a commit the epoch it created.
+    #[getter]
+    fn epoch(&self) -> u64 {
+        match &self.0 {
+            Received::Application { epoch, .. } | Received::Proposal { epoch, .. } => *epoch,
+            Received::Commit(c) => c.epoch,
+        }
+    }
+
+    #[getter]
+    fn added<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        self.commit().map(|c| c.added.iter().map(|id| bytes(py, id)).collect()).unwrap_or_default()
+    }
+
+    #[getter]
+    fn removed<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        self.commit().map(|c| c.removed.iter().map(|id| bytes(py, id)).collect()).unwrap_or_default()
+    }
+
+    /// True when this commit removed this agent; the group is then gone from data_dir.
+    #[getter]
+    fn self_removed(&self) -> bool {
+        self.commit().is_some_and(|c| c.self_removed)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Received(kind={:?}, epoch={})", self.kind(), self.epoch())
+    }
+}
+
+/// Public framing of an MLS message, read without keys.
+#[pyclass(module = "svc_sdk._native", name = "MessageInfo", frozen)]
+struct PyMessageInfo(crate::engine::MessageInfo);
+
+#[pymethods]
+impl PyMessageInfo {
+    /// "private_message", "public_message", "welcome", "group_info" or "key_package".
+    #[getter]
+    fn wire_format(&self) -> &'static str {
+        self.0.wire_format
+    }
+
+    #[getter]
+    fn group_id<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.0.group_id.as_deref().map(|g| bytes(py, g))
+    }
+
+    #[getter]
+    fn epoch(&self) -> Option<u64> {
+        self.0.epoch
+    }
+
+    /// "application", "proposal" or "commit" for group messages, else None.
+    #[getter]
+    fn content_type(&self) -> Option<&'static str> {
+        self.0.content_type
+    }
+
+    fn __repr__(&self) -> String {
+        format!("MessageInfo(wire_format={:?}, epoch={:?}, content_type={:?})", self.0.wire_format, self.0.epoch, self.0.content_type)
+    }
+}
+
+/// Reads wire format, group id, epoch and content type from a serialized MLS message.
+#[pyfunction]
+fn inspect(py: Python<'_>, message: &[u8]) -> PyResult<PyMessageInfo> {
+    py.allow_threads(|| crate::engine::inspect(message)).map(PyMessageInfo).map_err(to_py)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyEngine>()?;
+    m.add_class::<PyGroup>()?;
+    m.add_class::<PyPendingCommit>()?;
+    m.add_class::<PyReceived>()?;
+    m.add_class::<PyMessageInfo>()?;
+    m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add("MlsError", m.py().get_type::<MlsError>())?;
+    m.add("DEFAULT_CIPHER_SUITE", DEFAULT_CIPHER_SUITE)?;
+    Ok(())
+}

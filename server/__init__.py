@@ -1,0 +1,1 @@
+"""svc server side, installed as ``svc_server``: the account API and the relay."""

@@ -1,0 +1,38 @@
+"""The ``svc`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from svc_sdk import demo
+
+    demo.run(rounds=args.rounds)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="svc", description="End-to-end encrypted messaging for software agents."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo = sub.add_parser("demo", help="two agents exchange encrypted messages")
+    demo.add_argument("--rounds", type=int, default=3, help="message round trips (default 3)")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except RuntimeError as exc:  # library errors carry their subsystem prefix
+        print(f"svc: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

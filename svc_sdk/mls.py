@@ -1,0 +1,38 @@
+"""The MLS engine, for code that manages groups itself.
+
+Most agents use :class:`svc_sdk.SvcClient`, which drives this engine over the relay.
+The engine keeps one signing identity and all group secrets in ``data_dir``; a commit
+stays pending until the delivery service accepts it (``apply_pending_commit``) or
+another commit wins the epoch (``clear_pending_commit``, process the winner, retry)::
+
+    >>> alice = Engine("/tmp/alice", b"alice")
+    >>> bob = Engine("/tmp/bob", b"bob")
+    >>> group = alice.create_group(b"org/ns/svc")
+    >>> pending = group.add_members([bob.generate_key_package()])
+    >>> _ = group.apply_pending_commit()  # once the relay accepted pending.commit
+    >>> bob_group = bob.join_group(pending.welcome)
+    >>> bob_group.process(group.encrypt(b"hello")).data
+    b'hello'
+"""
+
+from svc_sdk._native import (
+    DEFAULT_CIPHER_SUITE,
+    Engine,
+    Group,
+    MessageInfo,
+    MlsError,
+    PendingCommit,
+    Received,
+    inspect,
+)
+
+__all__ = [
+    "DEFAULT_CIPHER_SUITE",
+    "Engine",
+    "Group",
+    "MessageInfo",
+    "MlsError",
+    "PendingCommit",
+    "Received",
+    "inspect",
+]

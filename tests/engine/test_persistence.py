@@ -1,0 +1,78 @@
+"""State across real process restarts, including a process killed with SIGKILL."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from svc_sdk.mls import Engine
+
+
+def run_agent(code: str, *args: str) -> list[bytes]:
+    """Runs ``code`` in a fresh interpreter; it prints hex lines, which are returned."""
+    script = "import sys\nfrom svc_sdk.mls import Engine\n" + textwrap.dedent(code)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=60
+    )
+    assert proc.stderr == "" or proc.returncode == -9, proc.stderr
+    return [bytes.fromhex(line) for line in proc.stdout.split()]
+
+
+def test_group_survives_restart_and_sigkill(tmp_path: Path) -> None:
+    alice_dir, bob_dir = str(tmp_path / "alice"), str(tmp_path / "bob")
+    # Process 1: bob makes a key package and exits.
+    (key_package,) = run_agent(
+        "print(Engine(sys.argv[1], b'bob').generate_key_package().hex())", bob_dir
+    )
+    # Process 2: alice creates the channel, adds bob, sends, then dies without cleanup.
+    welcome, first = run_agent(
+        """
+        import os, signal
+        group = Engine(sys.argv[1], b"alice").create_group(b"org/ns/svc")
+        pending = group.add_members([bytes.fromhex(sys.argv[2])])
+        group.apply_pending_commit()
+        print(pending.welcome.hex())
+        print(group.encrypt(b"before the crash").hex(), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """,
+        alice_dir,
+        key_package.hex(),
+    )
+    # Bob (a new process since his key package was made) joins from the Welcome.
+    bob = Engine(bob_dir, b"bob").join_group(welcome)
+    assert bob.process(first).data == b"before the crash"
+    reply = bob.encrypt(b"reply while alice was down")
+    # Process 3: alice restarts, resumes the group, reads the reply, sends again.
+    (second,) = run_agent(
+        """
+        engine = Engine(sys.argv[1], b"alice")
+        assert engine.group_ids() == [b"org/ns/svc"], engine.group_ids()
+        group = engine.group(b"org/ns/svc")
+        assert group.process(bytes.fromhex(sys.argv[2])).data == b"reply while alice was down"
+        print(group.encrypt(b"after the restart").hex())
+        """,
+        alice_dir,
+        reply.hex(),
+    )
+    # The restarted sender did not reuse the key generation it used before the crash.
+    assert bob.process(second).data == b"after the restart"
+
+
+def test_pending_commit_survives_restart(tmp_path: Path) -> None:
+    alice_dir = str(tmp_path / "alice")
+    bob = Engine(tmp_path / "bob", b"bob")
+    (commit,) = run_agent(
+        """
+        group = Engine(sys.argv[1], b"alice").create_group(b"g")
+        print(group.add_members([bytes.fromhex(sys.argv[2])]).commit.hex())
+        """,
+        alice_dir,
+        bob.generate_key_package().hex(),
+    )
+    group = Engine(alice_dir, b"alice").group(b"g")
+    assert group.has_pending_commit
+    # The relay's echo of the accepted commit applies it after the restart.
+    assert group.process(commit).added == [b"bob"]
+    assert group.epoch == 1
