@@ -32,6 +32,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RuntimeError as exc:  # library errors carry their subsystem prefix
         print(f"svc: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `svc demo | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from svc_sdk.mls import Engine
+from svc_sdk.mls import Engine, Group
 
 T = TypeVar("T")
 
@@ -24,36 +24,42 @@ def _timed(fn: Callable[[], T]) -> tuple[T, float]:
     return result, (time.perf_counter() - start) * 1000
 
 
+def _exchange(out: Callable[[str], None], sender: Group, receiver: Group, text: str) -> None:
+    ciphertext, enc_ms = _timed(lambda: sender.encrypt(text.encode()))
+    received, dec_ms = _timed(lambda: receiver.process(ciphertext))
+    name = (received.sender or b"?").decode()
+    out(
+        f"{name:>5} said {(received.data or b'').decode()!r:40} {len(ciphertext)} B ciphertext, "
+        f"encrypt {enc_ms:.2f} ms, decrypt {dec_ms:.2f} ms"
+    )
+
+
 def run(out: Callable[[str], None] = print, rounds: int = 3) -> None:
     """Runs the demo, writing human-readable lines to ``out``."""
+
+    def step(label: str, ms: float) -> None:
+        out(f"{label:<48}{ms:8.2f} ms")
+
     with tempfile.TemporaryDirectory(prefix="svc-demo-") as tmp:
         alice = Engine(Path(tmp, "alice"), b"alice")
         bob = Engine(Path(tmp, "bob"), b"bob")
         out(f"agents: alice and bob, cipher suite {alice.cipher_suite}, private data dirs in {tmp}")
 
         channel, ms = _timed(lambda: alice.create_group(b"acme/support/triage"))
-        out(f"alice created channel acme/support/triage            {ms:7.2f} ms")
+        step("alice created channel acme/support/triage", ms)
         key_package, ms = _timed(bob.generate_key_package)
-        out(f"bob generated a key package ({len(key_package)} B)            {ms:7.2f} ms")
+        step(f"bob generated a key package ({len(key_package)} B)", ms)
         pending, ms = _timed(lambda: channel.add_members([key_package]))
         channel.apply_pending_commit()
-        out(f"alice added bob (commit {len(pending.commit)} B)               {ms:7.2f} ms")
-        assert pending.welcome is not None
-        welcome = pending.welcome
+        step(f"alice added bob (commit {len(pending.commit)} B)", ms)
+        welcome = pending.welcome or b""
         bob_channel, ms = _timed(lambda: bob.join_group(welcome))
-        out(f"bob joined from the Welcome, epoch {bob_channel.epoch}               {ms:7.2f} ms")
+        step(f"bob joined from the Welcome, epoch {bob_channel.epoch}", ms)
 
         for i in range(rounds):
             for sender, receiver, text in (
                 (channel, bob_channel, f"alice -> bob: task {i} is ready"),
                 (bob_channel, channel, f"bob -> alice: task {i} acknowledged"),
             ):
-                ciphertext, enc_ms = _timed(lambda s=sender, t=text: s.encrypt(t.encode()))
-                received, dec_ms = _timed(lambda r=receiver, c=ciphertext: r.process(c))
-                assert received.data is not None and received.sender is not None
-                out(
-                    f"{received.sender.decode():>5} said {received.data.decode()!r:40} "
-                    f"{len(ciphertext)} B ciphertext, encrypt {enc_ms:.2f} ms, "
-                    f"decrypt {dec_ms:.2f} ms"
-                )
+                _exchange(out, sender, receiver, text)
         out("done: every message was encrypted by one agent and decrypted by the other")

@@ -49,7 +49,10 @@ impl Engine {
     /// and rejects a different explicit request.
     pub fn open(data_dir: &Path, identity: &[u8], cipher_suite: Option<u16>) -> Result<Self> {
         if identity.is_empty() || identity.len() > MAX_IDENTITY_LEN {
-            return Err(EngineError::BadIdentity { len: identity.len(), max: MAX_IDENTITY_LEN });
+            return Err(EngineError::BadIdentity {
+                len: identity.len(),
+                max: MAX_IDENTITY_LEN,
+            });
         }
         if let Some(cs) = cipher_suite {
             if !SUPPORTED_CIPHER_SUITES.contains(&cs) {
@@ -60,7 +63,10 @@ impl Engine {
         let ids = IdentityStore::open(&db)?;
         let stored = match ids.load()? {
             Some(stored) => stored,
-            None => ids.insert_or_get(&Self::new_identity(identity, cipher_suite.unwrap_or(DEFAULT_CIPHER_SUITE))?)?,
+            None => ids.insert_or_get(&Self::new_identity(
+                identity,
+                cipher_suite.unwrap_or(DEFAULT_CIPHER_SUITE),
+            )?)?,
         };
         if stored.identity != identity {
             return Err(EngineError::IdentityMismatch {
@@ -70,7 +76,10 @@ impl Engine {
         }
         if let Some(cs) = cipher_suite {
             if cs != stored.cipher_suite {
-                return Err(EngineError::CipherSuiteMismatch { stored: stored.cipher_suite, requested: cs });
+                return Err(EngineError::CipherSuiteMismatch {
+                    stored: stored.cipher_suite,
+                    requested: cs,
+                });
             }
         }
 
@@ -83,13 +92,21 @@ impl Engine {
         let rules = DefaultMlsRules::new()
             // Handshakes travel as PrivateMessage: the relay learns epochs, not who joined or left.
             .with_encryption_options(EncryptionOptions::new(true, Default::default()))
-            .with_commit_options(CommitOptions::new().with_ratchet_tree_extension(true).with_single_welcome_message(true));
+            .with_commit_options(
+                CommitOptions::new()
+                    .with_ratchet_tree_extension(true)
+                    .with_single_welcome_message(true),
+            );
         let client = mls_rs::client_builder::ClientBuilder::new_sqlite(storage_engine)
             .map_err(|e| EngineError::Storage(e.to_string()))?
             .mls_rules(rules)
             .crypto_provider(Crypto::default())
             .identity_provider(BasicIdentityProvider::new())
-            .signing_identity(signing_identity, SignatureSecretKey::from(stored.secret_key.clone()), suite)
+            .signing_identity(
+                signing_identity,
+                SignatureSecretKey::from(stored.secret_key.clone()),
+                suite,
+            )
             .build();
         let group_storage = client.group_state_storage();
         Ok(Self {
@@ -106,9 +123,10 @@ impl Engine {
         let provider = Crypto::default()
             .cipher_suite_provider(CipherSuite::from(cipher_suite))
             .ok_or(EngineError::UnsupportedCipherSuite(cipher_suite))?;
-        let (secret, public) = provider
-            .signature_key_generate()
-            .map_err(|e| EngineError::Mls { op: "signature key generation", detail: format!("{e:?}") })?;
+        let (secret, public) = provider.signature_key_generate().map_err(|e| EngineError::Mls {
+            op: "signature key generation",
+            detail: format!("{e:?}"),
+        })?;
         Ok(StoredIdentity {
             identity: identity.to_vec(),
             cipher_suite,
@@ -140,7 +158,10 @@ impl Engine {
 
     pub fn create_group(&self, group_id: &[u8]) -> Result<Arc<GroupHandle>> {
         if group_id.is_empty() || group_id.len() > 255 {
-            return Err(EngineError::Malformed { what: "group id", detail: format!("must be 1 to 255 bytes, got {}", group_id.len()) });
+            return Err(EngineError::Malformed {
+                what: "group id",
+                detail: format!("must be 1 to 255 bytes, got {}", group_id.len()),
+            });
         }
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         if groups.contains_key(group_id) || self.stored(group_id)? {
@@ -148,9 +169,16 @@ impl Engine {
         }
         let mut group = self
             .client
-            .create_group_with_id(group_id.to_vec(), ExtensionList::default(), ExtensionList::default(), None)
+            .create_group_with_id(
+                group_id.to_vec(),
+                ExtensionList::default(),
+                ExtensionList::default(),
+                None,
+            )
             .map_err(|e| EngineError::mls("group creation", e))?;
-        group.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
+        group
+            .write_to_storage()
+            .map_err(|e| EngineError::mls("group storage", e))?;
         let handle = Arc::new(GroupHandle::new(self.client.clone(), group));
         groups.insert(group_id.to_vec(), handle.clone());
         Ok(handle)
@@ -164,7 +192,11 @@ impl Engine {
             if cs != self.cipher_suite {
                 return Err(EngineError::Mls {
                     op: "join",
-                    detail: format!("invalid Welcome: cipher suite {} does not match this agent's {}", u16::from(cs), self.cipher_suite()),
+                    detail: format!(
+                        "invalid Welcome: cipher suite {} does not match this agent's {}",
+                        u16::from(cs),
+                        self.cipher_suite()
+                    ),
                 });
             }
         }
@@ -177,7 +209,9 @@ impl Engine {
         if groups.contains_key(&id) || self.stored(&id)? {
             return Err(EngineError::GroupExists(hex::encode(&id)));
         }
-        group.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
+        group
+            .write_to_storage()
+            .map_err(|e| EngineError::mls("group storage", e))?;
         let handle = Arc::new(GroupHandle::new(self.client.clone(), group));
         groups.insert(id, handle.clone());
         Ok(handle)
@@ -201,7 +235,10 @@ impl Engine {
     }
 
     pub fn group_ids(&self) -> Result<Vec<Vec<u8>>> {
-        let mut ids = self.group_storage.group_ids().map_err(|e| EngineError::Storage(e.to_string()))?;
+        let mut ids = self
+            .group_storage
+            .group_ids()
+            .map_err(|e| EngineError::Storage(e.to_string()))?;
         ids.sort();
         Ok(ids)
     }
@@ -212,7 +249,9 @@ impl Engine {
         if let Some(handle) = groups.remove(group_id) {
             handle.mark_removed();
         }
-        self.group_storage.delete_group(group_id).map_err(|e| EngineError::Storage(e.to_string()))
+        self.group_storage
+            .delete_group(group_id)
+            .map_err(|e| EngineError::Storage(e.to_string()))
     }
 
     fn stored(&self, group_id: &[u8]) -> Result<bool> {

@@ -38,9 +38,17 @@ pub struct CommitInfo {
 
 #[derive(Debug, Clone)]
 pub enum Received {
-    Application { sender: Vec<u8>, data: Vec<u8>, epoch: u64, authenticated_data: Vec<u8> },
+    Application {
+        sender: Vec<u8>,
+        data: Vec<u8>,
+        epoch: u64,
+        authenticated_data: Vec<u8>,
+    },
     Commit(CommitInfo),
-    Proposal { sender: Option<Vec<u8>>, epoch: u64 },
+    Proposal {
+        sender: Option<Vec<u8>>,
+        epoch: u64,
+    },
 }
 
 pub struct GroupHandle {
@@ -60,11 +68,19 @@ fn identity_of(member: &mls_rs::group::Member) -> Vec<u8> {
 }
 
 fn roster(group: &MlsGroup) -> Vec<(u32, Vec<u8>)> {
-    group.roster().members_iter().map(|m| (m.index, identity_of(&m))).collect()
+    group
+        .roster()
+        .members_iter()
+        .map(|m| (m.index, identity_of(&m)))
+        .collect()
 }
 
 fn lookup(roster: &[(u32, Vec<u8>)], index: u32) -> Vec<u8> {
-    roster.iter().find(|(i, _)| *i == index).map(|(_, id)| id.clone()).unwrap_or_default()
+    roster
+        .iter()
+        .find(|(i, _)| *i == index)
+        .map(|(_, id)| id.clone())
+        .unwrap_or_default()
 }
 
 fn commit_info(desc: &CommitMessageDescription, before: &[(u32, Vec<u8>)]) -> CommitInfo {
@@ -73,13 +89,21 @@ fn commit_info(desc: &CommitMessageDescription, before: &[(u32, Vec<u8>)]) -> Co
         CommitEffect::Removed { new_epoch, .. } => (Some(new_epoch), true),
         CommitEffect::ReInit(_) => (None, false),
     };
-    let mut info = CommitInfo { committer: lookup(before, desc.committer), self_removed, ..Default::default() };
+    let mut info = CommitInfo {
+        committer: lookup(before, desc.committer),
+        self_removed,
+        ..Default::default()
+    };
     if let Some(e) = new_epoch {
         info.epoch = e.epoch;
         for p in &e.applied_proposals {
             match &p.proposal {
                 Proposal::Add(add) => info.added.push(
-                    add.signing_identity().credential.as_basic().map(|b| b.identifier.clone()).unwrap_or_default(),
+                    add.signing_identity()
+                        .credential
+                        .as_basic()
+                        .map(|b| b.identifier.clone())
+                        .unwrap_or_default(),
                 ),
                 Proposal::Remove(rm) => info.removed.push(lookup(before, rm.to_remove())),
                 _ => {}
@@ -89,9 +113,56 @@ fn commit_info(desc: &CommitMessageDescription, before: &[(u32, Vec<u8>)]) -> Co
     info
 }
 
+/// A message that passed the state-free checks, with what its processing needs.
+struct Checked {
+    msg: mls_rs::MlsMessage,
+    epoch: u64,
+    roster_before: Vec<(u32, Vec<u8>)>,
+}
+
+fn apply_message(g: &mut MlsGroup, checked: Checked) -> Result<Received> {
+    let Checked {
+        msg,
+        epoch,
+        roster_before,
+    } = checked;
+    let received = g
+        .process_incoming_message(msg)
+        .map_err(|e| EngineError::mls("process message", e))?;
+    Ok(match received {
+        ReceivedMessage::ApplicationMessage(app) => Received::Application {
+            sender: g
+                .member_at_index(app.sender_index)
+                .map(|m| identity_of(&m))
+                .unwrap_or_default(),
+            data: app.data().to_vec(),
+            epoch,
+            authenticated_data: app.authenticated_data,
+        },
+        ReceivedMessage::Commit(desc) => Received::Commit(commit_info(&desc, &roster_before)),
+        ReceivedMessage::Proposal(p) => Received::Proposal {
+            sender: match p.sender {
+                mls_rs::group::ProposalSender::Member(i) => Some(lookup(&roster(g), i)),
+                _ => None,
+            },
+            epoch,
+        },
+        _ => {
+            return Err(EngineError::WrongKind {
+                expected: "a group message",
+                got: "another message type".into(),
+            })
+        }
+    })
+}
+
 impl GroupHandle {
     pub(crate) fn new(client: MlsClient, group: MlsGroup) -> Self {
-        Self { group_id: group.group_id().to_vec(), client, state: Mutex::new(Some(group)) }
+        Self {
+            group_id: group.group_id().to_vec(),
+            client,
+            state: Mutex::new(Some(group)),
+        }
     }
 
     pub fn group_id(&self) -> &[u8] {
@@ -160,20 +231,110 @@ impl GroupHandle {
     }
 
     pub fn encrypt(&self, plaintext: &[u8], authenticated_data: &[u8]) -> Result<Vec<u8>> {
+        Ok(self
+            .encrypt_batch(&[plaintext], authenticated_data)?
+            .pop()
+            .expect("one message in, one out"))
+    }
+
+    /// Encrypts several messages with a single state write (group commit). The advanced
+    /// ratchet is persisted before any ciphertext is returned, so a crash can never make
+    /// the next process encrypt under a key generation that was already used.
+    pub fn encrypt_batch(&self, plaintexts: &[&[u8]], authenticated_data: &[u8]) -> Result<Vec<Vec<u8>>> {
         self.mutate(|g| {
-            let msg = g
-                .encrypt_application_message(plaintext, authenticated_data.to_vec())
-                .map_err(|e| EngineError::mls("encrypt", e))?;
-            // Persist the advanced ratchet before the ciphertext leaves: a crash must not
-            // let the next process encrypt under the same key generation again.
+            let mut out = Vec::with_capacity(plaintexts.len());
+            for plaintext in plaintexts {
+                let msg = g
+                    .encrypt_application_message(plaintext, authenticated_data.to_vec())
+                    .map_err(|e| EngineError::mls("encrypt", e))?;
+                out.push(msg.to_bytes().map_err(|e| EngineError::mls("encode", e))?);
+            }
             g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
-            msg.to_bytes().map_err(|e| EngineError::mls("encode", e))
+            Ok(out)
         })
     }
 
     pub fn process(&self, bytes: &[u8]) -> Result<Received> {
+        self.process_batch(&[bytes])
+            .pop()
+            .expect("one message in, one result out")
+    }
+
+    /// Processes messages in delivery order with a single state write at the end. Each
+    /// message gets its own result; a bad one is rolled back without losing the good ones
+    /// around it.
+    pub fn process_batch(&self, messages: &[&[u8]]) -> Vec<Result<Received>> {
+        let mut guard = self.lock();
+        let mut results: Vec<Result<Received>> = Vec::with_capacity(messages.len());
+        // Indices applied since the last state write: replayed if a later message fails.
+        let mut unsaved: Vec<usize> = Vec::new();
+        let mut removed: Option<usize> = None;
+        for (i, bytes) in messages.iter().enumerate() {
+            let Some(group) = guard.as_mut().filter(|_| removed.is_none()) else {
+                results.push(Err(EngineError::Removed));
+                continue;
+            };
+            let checked = match self.precheck(group, bytes) {
+                Ok(checked) => checked,
+                Err(e) => {
+                    results.push(Err(e));
+                    continue;
+                }
+            };
+            match apply_message(group, checked) {
+                Ok(received) => {
+                    if matches!(&received, Received::Commit(c) if c.self_removed) {
+                        removed = Some(i);
+                    }
+                    unsaved.push(i);
+                    results.push(Ok(received));
+                }
+                Err(e) => {
+                    results.push(Err(e));
+                    if let Err(fatal) = self.restore(group, messages, &unsaved) {
+                        // The stored state cannot be reached: stop using this group.
+                        *guard = None;
+                        results.resize_with(messages.len(), || Err(EngineError::Storage(fatal.to_string())));
+                        return results;
+                    }
+                    unsaved.clear();
+                }
+            }
+        }
+        if let Some(i) = removed {
+            drop(guard);
+            // If the secrets cannot be deleted, say so rather than report a clean removal.
+            if let Err(e) = self.forget() {
+                results[i] = Err(e);
+            }
+            return results;
+        }
+        if let Some(group) = guard.as_mut() {
+            if !unsaved.is_empty() {
+                if let Err(e) = group.write_to_storage() {
+                    // Nothing of this batch is durable: report every applied message as failed
+                    // and return to the stored state, so the caller retries them all.
+                    let err = EngineError::mls("group storage", e);
+                    for i in unsaved {
+                        results[i] = Err(EngineError::Storage(err.to_string()));
+                    }
+                    match self.client.load_group(&self.group_id) {
+                        Ok(stored) => *group = stored,
+                        Err(_) => *guard = None,
+                    }
+                }
+            }
+        }
+        results
+    }
+
+    /// Checks a message against the group without touching its state.
+    fn precheck(&self, group: &MlsGroup, bytes: &[u8]) -> Result<Checked> {
         let msg = parse(bytes, "MLS message")?;
-        if !matches!(msg.wire_format(), WireFormat::PrivateMessage | WireFormat::PublicMessage) {
+        if !matches!(
+            msg.wire_format(),
+            WireFormat::PrivateMessage | WireFormat::PublicMessage
+        ) {
             expect_kind(&msg, WireFormat::PrivateMessage, "a group message (private or public)")?;
         }
         if msg.group_id() != Some(self.group_id.as_slice()) {
@@ -183,48 +344,39 @@ impl GroupHandle {
             });
         }
         let commit = is_commit(&msg);
-        let mut guard = self.lock();
-        let group = guard.as_mut().ok_or(EngineError::Removed)?;
         let current = group.current_epoch();
-        let msg_epoch = msg.epoch().unwrap_or_default();
-        if msg_epoch > current || (commit && msg_epoch != current) {
-            return Err(EngineError::WrongEpoch { message: msg_epoch, group: current });
+        let epoch = msg.epoch().unwrap_or_default();
+        if epoch > current || (commit && epoch != current) {
+            return Err(EngineError::WrongEpoch {
+                message: epoch,
+                group: current,
+            });
         }
-        let before = if commit { roster(group) } else { Vec::new() };
-        drop(guard);
+        let roster_before = if commit { roster(group) } else { Vec::new() };
+        Ok(Checked {
+            msg,
+            epoch,
+            roster_before,
+        })
+    }
 
-        let received = self.mutate(|g| {
-            let received = g.process_incoming_message(msg).map_err(|e| EngineError::mls("process message", e))?;
-            let out = match received {
-                ReceivedMessage::ApplicationMessage(app) => Received::Application {
-                    sender: g.member_at_index(app.sender_index).map(|m| identity_of(&m)).unwrap_or_default(),
-                    data: app.data().to_vec(),
-                    epoch: msg_epoch,
-                    authenticated_data: app.authenticated_data,
-                },
-                ReceivedMessage::Commit(desc) => Received::Commit(commit_info(&desc, &before)),
-                ReceivedMessage::Proposal(p) => Received::Proposal {
-                    sender: match p.sender {
-                        mls_rs::group::ProposalSender::Member(i) => Some(lookup(&roster(g), i)),
-                        _ => None,
-                    },
-                    epoch: msg_epoch,
-                },
-                _ => {
-                    return Err(EngineError::WrongKind { expected: "a group message", got: "another message type".into() })
-                }
-            };
-            if !matches!(&out, Received::Commit(c) if c.self_removed) {
-                g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
-            }
-            Ok(out)
-        })?;
-        if let Received::Commit(c) = &received {
-            if c.self_removed {
-                self.forget()?;
-            }
+    /// Returns to the stored state and re-applies the messages that succeeded since it
+    /// was written, then writes: a failed message leaves no trace, the good ones stay.
+    fn restore(&self, group: &mut MlsGroup, messages: &[&[u8]], unsaved: &[usize]) -> Result<()> {
+        *group = self
+            .client
+            .load_group(&self.group_id)
+            .map_err(|e| EngineError::mls("group load", e))?;
+        for &j in unsaved {
+            let checked = self.precheck(group, messages[j])?;
+            apply_message(group, checked)?;
         }
-        Ok(received)
+        if !unsaved.is_empty() {
+            group
+                .write_to_storage()
+                .map_err(|e| EngineError::mls("group storage", e))?;
+        }
+        Ok(())
     }
 
     /// Removed from the group: drop its state and secrets, here and on disk.
@@ -232,7 +384,9 @@ impl GroupHandle {
         *self.lock() = None;
         use mls_rs::storage_provider::sqlite::storage::SqLiteGroupStateStorage;
         let storage: SqLiteGroupStateStorage = self.client.group_state_storage();
-        storage.delete_group(&self.group_id).map_err(|e| EngineError::Storage(e.to_string()))
+        storage
+            .delete_group(&self.group_id)
+            .map_err(|e| EngineError::Storage(e.to_string()))
     }
 
     fn ensure_no_pending(g: &MlsGroup) -> Result<()> {
@@ -247,7 +401,10 @@ impl GroupHandle {
         // The pending commit is part of the stored state: a restart can still apply or clear it.
         g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
         Ok(PendingCommit {
-            commit: out.commit_message.to_bytes().map_err(|e| EngineError::mls("encode", e))?,
+            commit: out
+                .commit_message
+                .to_bytes()
+                .map_err(|e| EngineError::mls("encode", e))?,
             welcome: match out.welcome_messages.first() {
                 Some(w) => Some(w.to_bytes().map_err(|e| EngineError::mls("encode", e))?),
                 None => None,
@@ -259,7 +416,10 @@ impl GroupHandle {
     /// Adds members by key package: a pending commit plus the Welcome for the joiners.
     pub fn add_members(&self, key_packages: &[Vec<u8>]) -> Result<PendingCommit> {
         if key_packages.is_empty() {
-            return Err(EngineError::Malformed { what: "key package list", detail: "no key packages given".into() });
+            return Err(EngineError::Malformed {
+                what: "key package list",
+                detail: "no key packages given".into(),
+            });
         }
         let mut parsed = Vec::with_capacity(key_packages.len());
         for kp in key_packages {
@@ -278,7 +438,12 @@ impl GroupHandle {
                 if got != want {
                     return Err(EngineError::KeyPackageSuite { got, want });
                 }
-                let id = kp.signing_identity().credential.as_basic().map(|b| b.identifier.clone()).unwrap_or_default();
+                let id = kp
+                    .signing_identity()
+                    .credential
+                    .as_basic()
+                    .map(|b| b.identifier.clone())
+                    .unwrap_or_default();
                 if members.iter().any(|(_, m)| *m == id) || seen.contains(&id) {
                     return Err(EngineError::AlreadyMember(String::from_utf8_lossy(&id).into_owned()));
                 }
@@ -286,7 +451,9 @@ impl GroupHandle {
             }
             let mut builder = g.commit_builder();
             for msg in parsed {
-                builder = builder.add_member(msg).map_err(|e| EngineError::mls("add member (bad key package)", e))?;
+                builder = builder
+                    .add_member(msg)
+                    .map_err(|e| EngineError::mls("add member (bad key package)", e))?;
             }
             let out = builder.build().map_err(|e| EngineError::mls("add member commit", e))?;
             Self::finish_commit(g, out)
@@ -296,7 +463,10 @@ impl GroupHandle {
     /// Removes members by identity.
     pub fn remove_members(&self, identities: &[Vec<u8>]) -> Result<PendingCommit> {
         if identities.is_empty() {
-            return Err(EngineError::Malformed { what: "identity list", detail: "no identities given".into() });
+            return Err(EngineError::Malformed {
+                what: "identity list",
+                detail: "no identities given".into(),
+            });
         }
         self.mutate(|g| {
             Self::ensure_no_pending(g)?;
@@ -314,9 +484,13 @@ impl GroupHandle {
                         detail: "an agent cannot remove itself by commit; another member must remove it".into(),
                     });
                 }
-                builder = builder.remove_member(*index).map_err(|e| EngineError::mls("remove member", e))?;
+                builder = builder
+                    .remove_member(*index)
+                    .map_err(|e| EngineError::mls("remove member", e))?;
             }
-            let out = builder.build().map_err(|e| EngineError::mls("remove member commit", e))?;
+            let out = builder
+                .build()
+                .map_err(|e| EngineError::mls("remove member commit", e))?;
             Self::finish_commit(g, out)
         })
     }
@@ -325,7 +499,10 @@ impl GroupHandle {
     pub fn self_update(&self) -> Result<PendingCommit> {
         self.mutate(|g| {
             Self::ensure_no_pending(g)?;
-            let out = g.commit_builder().build().map_err(|e| EngineError::mls("self-update commit", e))?;
+            let out = g
+                .commit_builder()
+                .build()
+                .map_err(|e| EngineError::mls("self-update commit", e))?;
             Self::finish_commit(g, out)
         })
     }
@@ -337,7 +514,9 @@ impl GroupHandle {
                 return Err(EngineError::NoPendingCommit);
             }
             let before = roster(g);
-            let desc = g.apply_pending_commit().map_err(|e| EngineError::mls("apply commit", e))?;
+            let desc = g
+                .apply_pending_commit()
+                .map_err(|e| EngineError::mls("apply commit", e))?;
             g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
             Ok(commit_info(&desc, &before))
         })

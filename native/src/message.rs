@@ -28,22 +28,45 @@ fn content_type_name(ct: ContentType) -> &'static str {
 
 pub fn info(msg: &MlsMessage) -> MessageInfo {
     let (group_id, epoch, content_type) = match msg.description() {
-        MlsMessageDescription::PrivateProtocolMessage { group_id, epoch_id, content_type } => {
-            (Some(group_id.to_vec()), Some(epoch_id), Some(content_type_name(content_type)))
-        }
-        MlsMessageDescription::PublicProtocolMessage { group_id, epoch_id, content_type, .. } => {
-            (Some(group_id.to_vec()), Some(epoch_id), Some(content_type_name(content_type)))
-        }
+        MlsMessageDescription::PrivateProtocolMessage {
+            group_id,
+            epoch_id,
+            content_type,
+        } => (
+            Some(group_id.to_vec()),
+            Some(epoch_id),
+            Some(content_type_name(content_type)),
+        ),
+        MlsMessageDescription::PublicProtocolMessage {
+            group_id,
+            epoch_id,
+            content_type,
+            ..
+        } => (
+            Some(group_id.to_vec()),
+            Some(epoch_id),
+            Some(content_type_name(content_type)),
+        ),
         _ => (msg.group_id().map(<[u8]>::to_vec), msg.epoch(), None),
     };
-    MessageInfo { wire_format: wire_format_name(msg.wire_format()), group_id, epoch, content_type }
+    MessageInfo {
+        wire_format: wire_format_name(msg.wire_format()),
+        group_id,
+        epoch,
+        content_type,
+    }
 }
 
 pub fn is_commit(msg: &MlsMessage) -> bool {
     matches!(
         msg.description(),
-        MlsMessageDescription::PrivateProtocolMessage { content_type: ContentType::Commit, .. }
-            | MlsMessageDescription::PublicProtocolMessage { content_type: ContentType::Commit, .. }
+        MlsMessageDescription::PrivateProtocolMessage {
+            content_type: ContentType::Commit,
+            ..
+        } | MlsMessageDescription::PublicProtocolMessage {
+            content_type: ContentType::Commit,
+            ..
+        }
     )
 }
 
@@ -51,7 +74,10 @@ pub fn expect_kind(msg: &MlsMessage, want: WireFormat, expected: &'static str) -
     if msg.wire_format() == want {
         Ok(())
     } else {
-        Err(EngineError::WrongKind { expected, got: wire_format_name(msg.wire_format()).replace('_', " ") })
+        Err(EngineError::WrongKind {
+            expected,
+            got: wire_format_name(msg.wire_format()).replace('_', " "),
+        })
     }
 }
 
@@ -59,9 +85,15 @@ pub fn expect_kind(msg: &MlsMessage, want: WireFormat, expected: &'static str) -
 /// be read as two different messages.
 pub fn parse(bytes: &[u8], what: &'static str) -> Result<MlsMessage> {
     let mut rest = bytes;
-    let msg = MlsMessage::mls_decode(&mut rest).map_err(|e| EngineError::Malformed { what, detail: e.to_string() })?;
+    let msg = MlsMessage::mls_decode(&mut rest).map_err(|e| EngineError::Malformed {
+        what,
+        detail: e.to_string(),
+    })?;
     if !rest.is_empty() {
-        return Err(EngineError::Malformed { what, detail: format!("{} unexpected bytes after the message", rest.len()) });
+        return Err(EngineError::Malformed {
+            what,
+            detail: format!("{} unexpected bytes after the message", rest.len()),
+        });
     }
     Ok(msg)
 }

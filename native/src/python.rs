@@ -42,8 +42,12 @@ impl PyEngine {
     #[new]
     #[pyo3(signature = (data_dir, identity, cipher_suite=None))]
     fn new(py: Python<'_>, data_dir: PathBuf, identity: &[u8], cipher_suite: Option<u16>) -> PyResult<Self> {
-        let engine = py.allow_threads(|| Engine::open(&data_dir, identity, cipher_suite)).map_err(to_py)?;
-        Ok(Self { inner: Arc::new(engine) })
+        let engine = py
+            .allow_threads(|| Engine::open(&data_dir, identity, cipher_suite))
+            .map_err(to_py)?;
+        Ok(Self {
+            inner: Arc::new(engine),
+        })
     }
 
     #[getter]
@@ -69,17 +73,23 @@ impl PyEngine {
 
     /// Creates a group with this agent as its only member.
     fn create_group(&self, py: Python<'_>, group_id: &[u8]) -> PyResult<PyGroup> {
-        py.allow_threads(|| self.inner.create_group(group_id)).map(PyGroup::from).map_err(to_py)
+        py.allow_threads(|| self.inner.create_group(group_id))
+            .map(PyGroup::from)
+            .map_err(to_py)
     }
 
     /// Joins the group a Welcome (addressed to one of this agent's key packages) describes.
     fn join_group(&self, py: Python<'_>, welcome: &[u8]) -> PyResult<PyGroup> {
-        py.allow_threads(|| self.inner.join_group(welcome)).map(PyGroup::from).map_err(to_py)
+        py.allow_threads(|| self.inner.join_group(welcome))
+            .map(PyGroup::from)
+            .map_err(to_py)
     }
 
     /// The stored group with this id; every call returns a handle to the same state.
     fn group(&self, py: Python<'_>, group_id: &[u8]) -> PyResult<PyGroup> {
-        py.allow_threads(|| self.inner.group(group_id)).map(PyGroup::from).map_err(to_py)
+        py.allow_threads(|| self.inner.group(group_id))
+            .map(PyGroup::from)
+            .map_err(to_py)
     }
 
     /// Ids of every group stored in data_dir, sorted.
@@ -146,30 +156,76 @@ impl PyGroup {
 
     /// Encrypts an application message for every member.
     #[pyo3(signature = (plaintext, authenticated_data=b"".as_slice()))]
-    fn encrypt<'py>(&self, py: Python<'py>, plaintext: &[u8], authenticated_data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-        let ct = py.allow_threads(|| self.inner.encrypt(plaintext, authenticated_data)).map_err(to_py)?;
+    fn encrypt<'py>(
+        &self,
+        py: Python<'py>,
+        plaintext: &[u8],
+        authenticated_data: &[u8],
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let ct = py
+            .allow_threads(|| self.inner.encrypt(plaintext, authenticated_data))
+            .map_err(to_py)?;
         Ok(bytes(py, &ct))
+    }
+
+    /// Encrypts several messages with one state write; all ciphertexts or an error.
+    #[pyo3(signature = (plaintexts, authenticated_data=b"".as_slice()))]
+    fn encrypt_batch<'py>(
+        &self,
+        py: Python<'py>,
+        plaintexts: Vec<Bound<'py, PyBytes>>,
+        authenticated_data: &[u8],
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let slices: Vec<&[u8]> = plaintexts.iter().map(|p| p.as_bytes()).collect();
+        let cts = py
+            .allow_threads(|| self.inner.encrypt_batch(&slices, authenticated_data))
+            .map_err(to_py)?;
+        Ok(cts.iter().map(|c| bytes(py, c)).collect())
     }
 
     /// Processes a message from the delivery service: decrypts an application message,
     /// applies a commit (our own pending one included), or records a proposal.
     fn process(&self, py: Python<'_>, message: &[u8]) -> PyResult<PyReceived> {
-        py.allow_threads(|| self.inner.process(message)).map(PyReceived::from).map_err(to_py)
+        py.allow_threads(|| self.inner.process(message))
+            .map(PyReceived::from)
+            .map_err(to_py)
+    }
+
+    /// Processes messages in delivery order with one state write. Returns one item per
+    /// message: a Received, or the MlsError (not raised) for a message that failed.
+    fn process_batch<'py>(&self, py: Python<'py>, messages: Vec<Bound<'py, PyBytes>>) -> PyResult<Vec<PyObject>> {
+        let slices: Vec<&[u8]> = messages.iter().map(|m| m.as_bytes()).collect();
+        let results = py.allow_threads(|| self.inner.process_batch(&slices));
+        results
+            .into_iter()
+            .map(|r| match r {
+                Ok(received) => Ok(Py::new(py, PyReceived::from(received))?.into_any()),
+                Err(e) => Ok(to_py(e).into_value(py).into_any()),
+            })
+            .collect()
     }
 
     /// A pending commit adding the members whose key packages are given, with their Welcome.
-    fn add_members(&self, py: Python<'_>, key_packages: Vec<Vec<u8>>) -> PyResult<PyPendingCommit> {
-        py.allow_threads(|| self.inner.add_members(&key_packages)).map(PyPendingCommit).map_err(to_py)
+    fn add_members(&self, py: Python<'_>, key_packages: Vec<Bound<'_, PyBytes>>) -> PyResult<PyPendingCommit> {
+        let kps: Vec<Vec<u8>> = key_packages.iter().map(|k| k.as_bytes().to_vec()).collect();
+        py.allow_threads(|| self.inner.add_members(&kps))
+            .map(PyPendingCommit)
+            .map_err(to_py)
     }
 
     /// A pending commit removing the members with these identities.
-    fn remove_members(&self, py: Python<'_>, identities: Vec<Vec<u8>>) -> PyResult<PyPendingCommit> {
-        py.allow_threads(|| self.inner.remove_members(&identities)).map(PyPendingCommit).map_err(to_py)
+    fn remove_members(&self, py: Python<'_>, identities: Vec<Bound<'_, PyBytes>>) -> PyResult<PyPendingCommit> {
+        let ids: Vec<Vec<u8>> = identities.iter().map(|i| i.as_bytes().to_vec()).collect();
+        py.allow_threads(|| self.inner.remove_members(&ids))
+            .map(PyPendingCommit)
+            .map_err(to_py)
     }
 
     /// A pending commit that refreshes this member's keys (an update path).
     fn self_update(&self, py: Python<'_>) -> PyResult<PyPendingCommit> {
-        py.allow_threads(|| self.inner.self_update()).map(PyPendingCommit).map_err(to_py)
+        py.allow_threads(|| self.inner.self_update())
+            .map(PyPendingCommit)
+            .map_err(to_py)
     }
 
     /// The delivery service accepted the pending commit: enter the new epoch.
@@ -191,8 +247,15 @@ impl PyGroup {
     }
 
     fn __repr__(&self) -> String {
-        let epoch = self.inner.epoch().map(|e| e.to_string()).unwrap_or_else(|_| "removed".into());
-        format!("Group(group_id={:?}, epoch={epoch})", String::from_utf8_lossy(self.inner.group_id()))
+        let epoch = self
+            .inner
+            .epoch()
+            .map(|e| e.to_string())
+            .unwrap_or_else(|_| "removed".into());
+        format!(
+            "Group(group_id={:?}, epoch={epoch})",
+            String::from_utf8_lossy(self.inner.group_id())
+        )
     }
 }
 
@@ -223,7 +286,11 @@ impl PyPendingCommit {
             "PendingCommit(epoch={}, commit={} bytes, welcome={})",
             self.0.epoch,
             self.0.commit.len(),
-            self.0.welcome.as_ref().map(|w| format!("{} bytes", w.len())).unwrap_or_else(|| "None".into())
+            self.0
+                .welcome
+                .as_ref()
+                .map(|w| format!("{} bytes", w.len()))
+                .unwrap_or_else(|| "None".into())
         )
     }
 }
@@ -296,12 +363,16 @@ impl PyReceived {
 
     #[getter]
     fn added<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
-        self.commit().map(|c| c.added.iter().map(|id| bytes(py, id)).collect()).unwrap_or_default()
+        self.commit()
+            .map(|c| c.added.iter().map(|id| bytes(py, id)).collect())
+            .unwrap_or_default()
     }
 
     #[getter]
     fn removed<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
-        self.commit().map(|c| c.removed.iter().map(|id| bytes(py, id)).collect()).unwrap_or_default()
+        self.commit()
+            .map(|c| c.removed.iter().map(|id| bytes(py, id)).collect())
+            .unwrap_or_default()
     }
 
     /// True when this commit removed this agent; the group is then gone from data_dir.
@@ -344,14 +415,19 @@ impl PyMessageInfo {
     }
 
     fn __repr__(&self) -> String {
-        format!("MessageInfo(wire_format={:?}, epoch={:?}, content_type={:?})", self.0.wire_format, self.0.epoch, self.0.content_type)
+        format!(
+            "MessageInfo(wire_format={:?}, epoch={:?}, content_type={:?})",
+            self.0.wire_format, self.0.epoch, self.0.content_type
+        )
     }
 }
 
 /// Reads wire format, group id, epoch and content type from a serialized MLS message.
 #[pyfunction]
 fn inspect(py: Python<'_>, message: &[u8]) -> PyResult<PyMessageInfo> {
-    py.allow_threads(|| crate::engine::inspect(message)).map(PyMessageInfo).map_err(to_py)
+    py.allow_threads(|| crate::engine::inspect(message))
+        .map(PyMessageInfo)
+        .map_err(to_py)
 }
 
 #[pymodule]

@@ -61,7 +61,10 @@ pub fn prepare_data_dir(data_dir: &Path) -> Result<PathBuf> {
             .map_err(|e| err(e.to_string()))?;
     }
     // Tighten a directory that an earlier tool created with looser permissions.
-    let mode = fs::metadata(data_dir).map_err(|e| err(e.to_string()))?.permissions().mode();
+    let mode = fs::metadata(data_dir)
+        .map_err(|e| err(e.to_string()))?
+        .permissions()
+        .mode();
     if mode & 0o077 != 0 {
         fs::set_permissions(data_dir, fs::Permissions::from_mode(0o700)).map_err(|e| err(e.to_string()))?;
     }

@@ -46,9 +46,15 @@ fn two_members_exchange_both_ways() {
     let (a, b) = (agent("alice"), agent("bob"));
     let g = group_of(&a, &[&b]);
     let ct = g[0].encrypt(b"hi bob", b"").unwrap();
-    assert_eq!(app_data(g[1].process(&ct).unwrap()), (b"alice".to_vec(), b"hi bob".to_vec()));
+    assert_eq!(
+        app_data(g[1].process(&ct).unwrap()),
+        (b"alice".to_vec(), b"hi bob".to_vec())
+    );
     let ct = g[1].encrypt(b"hi alice", b"").unwrap();
-    assert_eq!(app_data(g[0].process(&ct).unwrap()), (b"bob".to_vec(), b"hi alice".to_vec()));
+    assert_eq!(
+        app_data(g[0].process(&ct).unwrap()),
+        (b"bob".to_vec(), b"hi alice".to_vec())
+    );
     assert_eq!(g[0].epoch().unwrap(), g[1].epoch().unwrap());
     let ids: Vec<_> = g[1].members().unwrap().into_iter().map(|(_, id)| id).collect();
     assert_eq!(ids, vec![b"alice".to_vec(), b"bob".to_vec()]);
@@ -101,7 +107,7 @@ fn concurrent_commits_resolved_by_delivery_service() {
     let g = group_of(&a, &[&b]);
     // Both commit in the same epoch; the delivery service accepts alice's.
     let kp = c.engine.generate_key_package().unwrap();
-    let alice_commit = g[0].add_members(&[kp.clone()]).unwrap();
+    let alice_commit = g[0].add_members(&[kp]).unwrap();
     let bob_commit = g[1].self_update().unwrap();
     assert_eq!(alice_commit.epoch, bob_commit.epoch);
     g[0].apply_pending_commit().unwrap();
@@ -129,7 +135,10 @@ fn losing_commit_cannot_be_processed_by_others() {
     g[0].apply_pending_commit().unwrap();
     g[1].clear_pending_commit().unwrap();
     g[1].process(&winner.commit).unwrap();
-    assert!(matches!(g[0].process(&loser.commit), Err(EngineError::WrongEpoch { .. })));
+    assert!(matches!(
+        g[0].process(&loser.commit),
+        Err(EngineError::WrongEpoch { .. })
+    ));
 }
 
 #[test]
@@ -165,7 +174,10 @@ fn state_survives_reopen() {
 #[test]
 fn welcome_for_key_package_made_before_restart() {
     let dir_b = tempfile::tempdir().unwrap();
-    let kp = Engine::open(dir_b.path(), b"bob", None).unwrap().generate_key_package().unwrap();
+    let kp = Engine::open(dir_b.path(), b"bob", None)
+        .unwrap()
+        .generate_key_package()
+        .unwrap();
     let a = agent("alice");
     let g = a.engine.create_group(b"g").unwrap();
     let p = g.add_members(&[kp]).unwrap();
@@ -183,12 +195,28 @@ fn data_dir_is_private_and_bound_to_identity() {
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&data), 0o700);
     for entry in std::fs::read_dir(&data).unwrap() {
-        assert_eq!(mode(&entry.unwrap().path()) & 0o077, 0, "group/other bits on a store file");
+        assert_eq!(
+            mode(&entry.unwrap().path()) & 0o077,
+            0,
+            "group/other bits on a store file"
+        );
     }
-    assert!(matches!(Engine::open(&data, b"mallory", None), Err(EngineError::IdentityMismatch { .. })));
-    assert!(matches!(Engine::open(&data, b"alice", Some(2)), Err(EngineError::CipherSuiteMismatch { .. })));
-    assert!(matches!(Engine::open(&data, b"", None), Err(EngineError::BadIdentity { .. })));
-    assert!(matches!(Engine::open(&data, b"alice", Some(9)), Err(EngineError::UnsupportedCipherSuite(9))));
+    assert!(matches!(
+        Engine::open(&data, b"mallory", None),
+        Err(EngineError::IdentityMismatch { .. })
+    ));
+    assert!(matches!(
+        Engine::open(&data, b"alice", Some(2)),
+        Err(EngineError::CipherSuiteMismatch { .. })
+    ));
+    assert!(matches!(
+        Engine::open(&data, b"", None),
+        Err(EngineError::BadIdentity { .. })
+    ));
+    assert!(matches!(
+        Engine::open(&data, b"alice", Some(9)),
+        Err(EngineError::UnsupportedCipherSuite(9))
+    ));
 }
 
 #[test]
@@ -200,7 +228,10 @@ fn bad_input_is_a_clear_error_and_changes_nothing() {
 
     assert!(matches!(g[1].process(b""), Err(EngineError::Malformed { .. })));
     assert!(matches!(g[1].process(&[0xff; 64]), Err(EngineError::Malformed { .. })));
-    assert!(matches!(g[1].process(&ct[..ct.len() / 2]), Err(EngineError::Malformed { .. })));
+    assert!(matches!(
+        g[1].process(&ct[..ct.len() / 2]),
+        Err(EngineError::Malformed { .. })
+    ));
     let mut flipped = ct.clone();
     let last = flipped.len() - 1;
     flipped[last] ^= 1;
@@ -238,8 +269,14 @@ fn key_package_errors() {
     let dir = tempfile::tempdir().unwrap();
     let p256 = Engine::open(dir.path(), b"carol", Some(2)).unwrap();
     let other_suite = p256.generate_key_package().unwrap();
-    assert!(matches!(g.add_members(&[other_suite]), Err(EngineError::KeyPackageSuite { got: 2, want: 1 })));
-    assert!(matches!(g.add_members(&[vec![1, 2, 3]]), Err(EngineError::Malformed { .. })));
+    assert!(matches!(
+        g.add_members(&[other_suite]),
+        Err(EngineError::KeyPackageSuite { got: 2, want: 1 })
+    ));
+    assert!(matches!(
+        g.add_members(&[vec![1, 2, 3]]),
+        Err(EngineError::Malformed { .. })
+    ));
     assert!(matches!(g.add_members(&[]), Err(EngineError::Malformed { .. })));
     let kp = b.engine.generate_key_package().unwrap();
     assert!(g.add_members(&[kp.clone(), kp]).is_err(), "same identity twice");
@@ -253,8 +290,14 @@ fn welcome_for_someone_else_is_rejected() {
     let g = a.engine.create_group(b"g").unwrap();
     let p = g.add_members(&[b.engine.generate_key_package().unwrap()]).unwrap();
     let welcome = p.welcome.unwrap();
-    assert!(matches!(c.engine.join_group(&welcome), Err(EngineError::WelcomeNotForUs)));
-    assert!(matches!(c.engine.join_group(b"nonsense"), Err(EngineError::Malformed { .. })));
+    assert!(matches!(
+        c.engine.join_group(&welcome),
+        Err(EngineError::WelcomeNotForUs)
+    ));
+    assert!(matches!(
+        c.engine.join_group(b"nonsense"),
+        Err(EngineError::Malformed { .. })
+    ));
     assert!(c.engine.group_ids().unwrap().is_empty());
     // Bob can still use it, once.
     b.engine.join_group(&welcome).unwrap();
@@ -285,7 +328,11 @@ fn one_group_from_many_threads() {
         let workers: Vec<_> = (0..4)
             .map(|t| {
                 let sender = sender.clone();
-                s.spawn(move || (0..25).map(|i| sender.encrypt(format!("{t}-{i}").as_bytes(), b"").unwrap()).collect::<Vec<_>>())
+                s.spawn(move || {
+                    (0..25)
+                        .map(|i| sender.encrypt(format!("{t}-{i}").as_bytes(), b"").unwrap())
+                        .collect::<Vec<_>>()
+                })
             })
             .collect();
         workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
@@ -306,4 +353,63 @@ fn trailing_bytes_are_rejected() {
     assert!(_native::inspect(&ct).is_err());
     ct.pop();
     assert_eq!(app_data(g[1].process(&ct).unwrap()).1, b"x");
+}
+
+#[test]
+fn batch_keeps_good_messages_around_a_bad_one() {
+    let dir_b = tempfile::tempdir().unwrap();
+    let a = agent("alice");
+    let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
+    let g = a.engine.create_group(b"g").unwrap();
+    let p = g.add_members(&[bob.generate_key_package().unwrap()]).unwrap();
+    g.apply_pending_commit().unwrap();
+    let gb = bob.join_group(&p.welcome.unwrap()).unwrap();
+    let cts = g.encrypt_batch(&[b"m0", b"m1", b"m2"], b"").unwrap();
+    let mut bad = cts[1].clone();
+    let n = bad.len();
+    bad[n - 3] ^= 0xff;
+    let results = gb.process_batch(&[&cts[0], &bad, &cts[1], &cts[2], b"junk"]);
+    let got: Vec<_> = results
+        .iter()
+        .map(|r| r.as_ref().ok().map(|x| app_data(x.clone()).1))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            Some(b"m0".to_vec()),
+            None,
+            Some(b"m1".to_vec()),
+            Some(b"m2".to_vec()),
+            None
+        ]
+    );
+    // The good messages were persisted: a fresh process cannot decrypt them a second time.
+    drop(gb);
+    drop(bob);
+    let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
+    let gb = bob.group(b"g").unwrap();
+    for ct in &cts {
+        assert!(
+            gb.process(ct).is_err(),
+            "consumed keys must stay consumed after restart"
+        );
+    }
+    assert_eq!(app_data(gb.process(&g.encrypt(b"m3", b"").unwrap()).unwrap()).1, b"m3");
+}
+
+#[test]
+fn batch_with_commit_and_removal() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let g = group_of(&a, &[&b, &c]);
+    let before = g[0].encrypt(b"before", b"").unwrap();
+    let removal = g[0].remove_members(&[b"bob".to_vec()]).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    let after = g[0].encrypt(b"after", b"").unwrap();
+    let results = g[1].process_batch(&[&before, &removal.commit, &after]);
+    assert_eq!(app_data(results[0].as_ref().unwrap().clone()).1, b"before");
+    assert!(matches!(results[1], Ok(Received::Commit(ref c)) if c.self_removed));
+    assert!(matches!(results[2], Err(EngineError::Removed)));
+    assert!(b.engine.group_ids().unwrap().is_empty());
+    let results = g[2].process_batch(&[&before, &removal.commit, &after]);
+    assert!(results.iter().all(|r| r.is_ok()));
 }

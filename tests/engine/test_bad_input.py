@@ -100,7 +100,9 @@ def test_message_from_the_future(make_engine: MakeEngine) -> None:
     alice, bob = make_group(make_engine("alice"), make_engine("bob"))
     alice.self_update()
     alice.apply_pending_commit()  # bob never sees this commit
-    with pytest.raises(MlsError, match=PREFIX + "wrong epoch: message is for epoch 2, group is at epoch 1"):
+    with pytest.raises(
+        MlsError, match=PREFIX + "wrong epoch: message is for epoch 2, group is at epoch 1"
+    ):
         bob.process(alice.encrypt(b"from epoch 2"))
     assert bob.epoch == 1
 
@@ -120,7 +122,9 @@ def test_wrong_message_kinds(make_engine: MakeEngine) -> None:
 def test_key_package_of_another_cipher_suite(make_engine: MakeEngine) -> None:
     alice, bob = make_group(make_engine("alice"), make_engine("bob"))
     p256 = make_engine("carol", cipher_suite=2)
-    with pytest.raises(MlsError, match=PREFIX + "bad key package: it uses cipher suite 2, the group uses 1"):
+    with pytest.raises(
+        MlsError, match=PREFIX + "bad key package: it uses cipher suite 2, the group uses 1"
+    ):
         alice.add_members([p256.generate_key_package()])
     assert not alice.has_pending_commit
     assert_unchanged(alice, bob, 1)
@@ -143,11 +147,17 @@ def test_key_package_garbage_and_duplicates(make_engine: MakeEngine, tmp_path: P
 
 
 def test_welcome_for_someone_else(make_engine: MakeEngine) -> None:
-    alice_engine, bob_engine, carol_engine = make_engine("alice"), make_engine("bob"), make_engine("carol")
+    alice_engine, bob_engine, carol_engine = (
+        make_engine("alice"),
+        make_engine("bob"),
+        make_engine("carol"),
+    )
     group = alice_engine.create_group(b"g")
     pending = group.add_members([bob_engine.generate_key_package()])
     assert pending.welcome is not None
-    with pytest.raises(MlsError, match=PREFIX + "invalid Welcome: it is not addressed to any key package"):
+    with pytest.raises(
+        MlsError, match=PREFIX + "invalid Welcome: it is not addressed to any key package"
+    ):
         carol_engine.join_group(pending.welcome)
     assert carol_engine.group_ids() == []
     joined = bob_engine.join_group(pending.welcome)

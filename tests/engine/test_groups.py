@@ -17,7 +17,11 @@ MakeEngine = Callable[[str], Engine]
 def test_two_members_exchange_both_ways(make_engine: MakeEngine) -> None:
     alice, bob = make_group(make_engine("alice"), make_engine("bob"))
     received = bob.process(alice.encrypt(b"hello bob"))
-    assert (received.kind, received.sender, received.data) == ("application", b"alice", b"hello bob")
+    assert (received.kind, received.sender, received.data) == (
+        "application",
+        b"alice",
+        b"hello bob",
+    )
     received = alice.process(bob.encrypt(b"hello alice"))
     assert (received.sender, received.data) == (b"bob", b"hello alice")
     assert alice.members() == bob.members() == [b"alice", b"bob"]
@@ -202,3 +206,23 @@ def test_different_groups_in_parallel(make_engine: MakeEngine) -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_batches_persist_once_and_isolate_bad_messages(make_engine: MakeEngine) -> None:
+    alice, bob = make_group(make_engine("alice"), make_engine("bob"))
+    ciphertexts = alice.encrypt_batch([b"a", b"b", b"c"], b"meta")
+    tampered = bytearray(ciphertexts[0])
+    tampered[-2] ^= 1
+    results = bob.process_batch([ciphertexts[0], bytes(tampered), b"junk", *ciphertexts[1:]])
+    assert [r.data if not isinstance(r, MlsError) else None for r in results] == [
+        b"a",
+        None,
+        None,
+        b"b",
+        b"c",
+    ]
+    assert isinstance(results[1], MlsError) and str(results[1]).startswith("MLS engine error: ")
+    assert all(r.authenticated_data == b"meta" for r in results if not isinstance(r, MlsError))
+    assert bob.process_batch([]) == []
+    with pytest.raises(TypeError):
+        bob.process_batch(["not bytes"])  # type: ignore[list-item]

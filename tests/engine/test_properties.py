@@ -27,7 +27,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Group, Group]:
 @SETTINGS
 @given(data=st.binary(max_size=2048))
 def test_process_arbitrary_bytes_never_crashes(pair: tuple[Group, Group], data: bytes) -> None:
-    alice, bob = pair
+    _, bob = pair
     epoch = bob.epoch
     try:
         bob.process(data)
@@ -73,7 +73,13 @@ def test_inspect_arbitrary_bytes(data: bytes) -> None:
     except MlsError as exc:
         assert str(exc).startswith("MLS engine error: malformed MLS message")
     else:
-        assert info.wire_format in {"private_message", "public_message", "welcome", "group_info", "key_package"}
+        assert info.wire_format in {
+            "private_message",
+            "public_message",
+            "welcome",
+            "group_info",
+            "key_package",
+        }
 
 
 @SETTINGS

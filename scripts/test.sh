@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs on a fresh machine, then runs every test:
+# Rust (cargo test), lint and types (ruff, mypy, clippy, rustfmt), Python (pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# System packages: a C compiler for aws-lc and bundled SQLite. Later issues add servers.
+SYSTEM_PACKAGES=(build-essential pkg-config)
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    missing=()
+    for pkg in "${SYSTEM_PACKAGES[@]}"; do
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    fi
+fi
+
+VENV=${SVC_VENV:-.venv}
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+"$VENV/bin/pip" install -q -e ".[all,dev]"
+
+echo "== rust: format, lint, tests"
+cargo fmt --all --check
+cargo clippy --locked -q -p svc-native --features python --all-targets -- -D warnings
+cargo clippy --locked -q -p svc-crypto-bench -- -D warnings
+cargo test --locked -q -p svc-native
+
+echo "== python: lint, format, types"
+"$VENV/bin/ruff" check .
+"$VENV/bin/ruff" format --check .
+"$VENV/bin/mypy"
+
+echo "== python: tests"
+"$VENV/bin/python" -m pytest -q "$@"
