@@ -4,8 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: a C compiler for aws-lc and bundled SQLite. Later issues add servers.
-SYSTEM_PACKAGES=(build-essential pkg-config)
+# System packages: a C compiler (aws-lc, bundled SQLite) and PostgreSQL for the API tests.
+SYSTEM_PACKAGES=(build-essential pkg-config postgresql)
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     missing=()
     for pkg in "${SYSTEM_PACKAGES[@]}"; do

@@ -1,0 +1,28 @@
+"""The FastAPI application."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from .. import __version__
+from ..config import Settings
+from . import problems
+from .deps import Services
+from .routes import accounts, keys, meta, tokens
+
+
+def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
+    """Builds the API: connects to the database, applies migrations, loads the signing
+    key. Pass ``services`` to share them with an embedded relay."""
+    services = services or Services.start(settings or Settings())
+    app = FastAPI(
+        title="svc account API",
+        version=__version__,
+        description="Accounts, API keys (sk_live_…) and their exchange for relay JWTs.",
+    )
+    app.state.services = services
+    problems.install(app)
+    app.add_middleware(problems.BodyLimit, max_bytes=services.settings.max_body_size)
+    for module in (accounts, keys, tokens, meta):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,102 @@
+"""Request and response bodies of the account API."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Literal
+
+from email_validator import EmailNotValidError, validate_email
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+
+Plan = Literal["free", "dev", "team", "enterprise"]
+
+
+def _email(value: str) -> str:
+    # Syntax and a routable domain, no DNS lookup; normalised (domain lowercased).
+    try:
+        return validate_email(value, check_deliverability=False).normalized
+    except EmailNotValidError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# The documented schema says what is enforced: special-use domains (RFC 6761) are refused.
+EMAIL_PATTERN = r"^(?!.*\.(arpa|invalid|local|localhost|onion|test)\.?$)[^@\s]+@[^@\s]+$"
+
+Email = Annotated[
+    str,
+    Field(min_length=3, max_length=254),
+    AfterValidator(_email),
+    WithJsonSchema(
+        {"type": "string", "format": "email", "maxLength": 254, "pattern": EMAIL_PATTERN}
+    ),
+]
+
+
+class SignupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    email: Email = Field(description="Account email, unique")
+    name: str | None = Field(None, max_length=200, description="Display name")
+
+
+class AccountOut(BaseModel):
+    id: uuid.UUID
+    email: str
+    name: str
+    plan: Plan
+    created_at: datetime
+
+
+class ApiKeyCreated(BaseModel):
+    id: uuid.UUID
+    key_prefix: str = Field(description="sk_live_ plus the first characters of the key")
+    name: str
+    key: str = Field(description="The full key; shown only in this response")
+
+
+class SignupResponse(BaseModel):
+    account: AccountOut
+    api_key: ApiKeyCreated
+
+
+class KeyCreateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("default", min_length=1, max_length=100, description="Key name")
+
+
+class ApiKeyOut(BaseModel):
+    id: uuid.UUID
+    key_prefix: str
+    name: str
+    last_used_at: datetime | None = Field(description="null when the key was never used")
+    created_at: datetime
+
+
+class KeyList(BaseModel):
+    keys: list[ApiKeyOut] = Field(description="Active keys, newest first")
+
+
+class TokenResponse(BaseModel):
+    token: str = Field(description="JWT for the relay (EdDSA, aud svc-relay)")
+    expires_at: datetime
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Jwk(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    kty: str
+    kid: str
+    alg: str
+    use: str
+    crv: str
+    x: str
+
+
+class Jwks(BaseModel):
+    keys: list[Jwk]

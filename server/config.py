@@ -1,0 +1,48 @@
+"""Server settings, read from ``SVC_*`` environment variables (pydantic-settings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path("~/.svc/server")
+
+
+class Settings(BaseSettings):
+    """Everything the account API and the relay can be configured with.
+
+    >>> Settings(data_dir="/tmp/svc").database_url
+    'sqlite:////tmp/svc/svc.sqlite3'
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SVC_", extra="ignore")
+
+    data_dir: Path = Field(DEFAULT_DATA_DIR, description="Directory for the embedded database")
+    database_url: str = Field(
+        "", description="SQLAlchemy URL; empty means SQLite in data_dir (PostgreSQL in production)"
+    )
+    redis_url: str = Field("", description="Redis URL for shared rate limits (optional)")
+    token_ttl_seconds: int = Field(900, ge=60, le=86_400, description="JWT lifetime")
+    issuer: str = "svc-api"
+    audience: str = "svc-relay"
+    signup_rate_limit: str = Field("10/minute", description="Signups per client address")
+    auth_failure_rate_limit: str = Field(
+        "30/minute", description="Failed API-key authentications per client address"
+    )
+    max_body_size: int = Field(64 * 1024, ge=1024, description="Largest request body, bytes")
+    last_used_write_interval_seconds: float = Field(60.0, ge=0)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _expand(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    def model_post_init(self, __context: object) -> None:
+        if not self.database_url:
+            self.database_url = f"sqlite:///{self.data_dir / 'svc.sqlite3'}"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")

@@ -1,0 +1,1 @@
+"""Persistence: SQLAlchemy models, engine set-up and Alembic migrations."""

@@ -1,0 +1,1 @@
+"""Business logic of the account API, independent of HTTP."""

@@ -1,0 +1,41 @@
+"""Where the API key and API address come from (spec 5.4): ``SVC_API_KEY`` or the key
+file ``svc signup`` writes (``~/.svc/api-key``, mode 0600), and ``SVC_API_URL``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_API_URL = "http://127.0.0.1:8000"
+DEFAULT_RELAY_URL = "http://127.0.0.1:50051"
+
+
+def key_file() -> Path:
+    return Path.home() / ".svc" / "api-key"
+
+
+def api_url() -> str:
+    return os.environ.get("SVC_API_URL") or DEFAULT_API_URL
+
+
+def load_api_key() -> str | None:
+    """``SVC_API_KEY``, else the key file, else None."""
+    key = os.environ.get("SVC_API_KEY")
+    if key:
+        return key.strip()
+    try:
+        return key_file().read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def save_api_key(key: str) -> Path:
+    """Writes the key file with 0600 permissions (its folder 0700), replacing any old one."""
+    path = key_file()
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,86 @@
+"""``svc signup``, ``svc keys`` and ``svc token`` against a running API."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from ..support import RunningApi
+
+
+def svc(
+    api: RunningApi, home: Path, *args: str, key: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SVC_API_KEY"}
+    env.update({"HOME": str(home), "SVC_API_URL": api.url})
+    if key is not None:
+        env["SVC_API_KEY"] = key
+    return subprocess.run(
+        [sys.executable, "-m", "svc_sdk.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_signup_keys_and_token(api: RunningApi, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    result = svc(api, home, "signup", "cli@example.com", "--name", "CLI")
+    assert result.returncode == 0, result.stderr
+    key_file = home / ".svc" / "api-key"
+    key = key_file.read_text().strip()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+    assert result.stdout.count(key) == 1, "the key is printed once"
+    assert "cli@example.com" in result.stdout
+
+    created = svc(api, home, "keys", "create", "--name", "second", "--json")
+    assert created.returncode == 0, created.stderr
+    second = json.loads(created.stdout)
+    listed = svc(api, home, "keys", "list")
+    assert listed.returncode == 0
+    assert listed.stdout.splitlines()[0].split() == [
+        "ID",
+        "NAME",
+        "KEY_PREFIX",
+        "CREATED_AT",
+        "LAST_USED_AT",
+    ]
+    assert second["id"] in listed.stdout and key not in listed.stdout
+    as_json = json.loads(svc(api, home, "keys", "list", "--json").stdout)
+    assert [k["name"] for k in as_json["keys"]] == ["second", "default"]
+
+    token = svc(api, home, "token")
+    assert token.returncode == 0 and token.stdout.count(".") == 2
+    # SVC_API_KEY wins over the key file.
+    via_env = svc(api, home, "token", "--json", key=second["key"])
+    assert "expires_at" in json.loads(via_env.stdout)
+
+    revoked = svc(api, home, "keys", "revoke", second["id"])
+    assert revoked.returncode == 0, revoked.stderr
+    denied = svc(api, home, "token", key=second["key"])
+    assert denied.returncode == 1
+    assert denied.stderr.startswith("svc: auth error: API key is unknown or revoked")
+
+
+def test_cli_errors(api: RunningApi, tmp_path: Path) -> None:
+    home = tmp_path / "empty-home"
+    home.mkdir()
+    missing = svc(api, home, "token")
+    assert missing.returncode == 1 and "auth error: no API key" in missing.stderr
+    bad = svc(api, home, "signup", "not-an-email")
+    assert bad.returncode == 1 and "HTTP 422" in bad.stderr
+    env = {**os.environ, "HOME": str(home), "SVC_API_URL": "http://127.0.0.1:9"}
+    unreachable = subprocess.run(
+        [sys.executable, "-m", "svc_sdk.cli", "signup", "x@example.com"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert unreachable.returncode == 1 and "transport error: cannot reach" in unreachable.stderr

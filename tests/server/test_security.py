@@ -1,0 +1,109 @@
+"""Key lookup never depends on the key's characters; revocation reaches every process."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+from sqlalchemy import event
+
+from ..support import RunningApi, free_port
+from .conftest import bearer, signup
+from .test_accounts import assert_problem
+
+
+@contextmanager
+def statements(api: RunningApi) -> Iterator[list[tuple[str, Any]]]:
+    engine = api.server.config.app.state.services.engine
+    seen: list[tuple[str, Any]] = []
+
+    def record(
+        conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool
+    ) -> None:
+        seen.append((statement, params))
+
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+
+
+def test_lookup_is_by_digest_only(api: RunningApi, http: httpx.Client) -> None:
+    key = signup(http)["api_key"]["key"]
+    with statements(api) as seen:
+        assert http.get("/v1/accounts/me", headers=bearer(key)).status_code == 200
+    text = repr(seen)
+    assert key not in text and key[8:30] not in text, "the key never reaches the database"
+    assert hashlib.sha256(key.encode()).hexdigest() in text
+    # A near miss differs completely in its digest, so an index lookup on the digest
+    # gives an attacker no signal about how many characters were right.
+    near_miss = key[:-7] + ("0" if key[-7] != "0" else "1") + key[-6:]
+    with statements(api) as seen:
+        assert_problem(http.get("/v1/accounts/me", headers=bearer(near_miss)), 401)
+    assert seen == [], "a key with a bad checksum is rejected before any database work"
+
+
+def test_wrong_key_with_valid_checksum_costs_one_indexed_lookup(
+    api: RunningApi, http: httpx.Client
+) -> None:
+    from svc_server.services import api_keys
+
+    signup(http)
+    stranger = api_keys.generate().secret
+    with statements(api) as seen:
+        assert_problem(http.get("/v1/accounts/me", headers=bearer(stranger)), 401)
+    lookups = [s for s, _ in seen if "api_keys" in s and s.lstrip().upper().startswith("SELECT")]
+    assert len(lookups) == 1 and "key_hash" in lookups[0]
+
+
+def test_revocation_reaches_another_api_process(api: RunningApi, http: httpx.Client) -> None:
+    key = signup(http)["api_key"]
+    spare = http.post("/v1/keys", headers=bearer(key["key"])).json()
+    port = free_port()
+    env = {**os.environ, "SVC_DATA_DIR": str(api.settings.data_dir)}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "svc_sdk.cli",
+            "api",
+            "--port",
+            str(port),
+            "--database-url",
+            api.settings.database_url,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    other = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{other}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, "second API process did not start"
+            time.sleep(0.1)
+        assert httpx.get(f"{other}/v1/keys", headers=bearer(spare["key"])).status_code == 200
+        assert http.delete(f"/v1/keys/{spare['id']}", headers=bearer(key["key"])).status_code == 204
+        # The very next request on the other process already fails.
+        assert_problem(httpx.get(f"{other}/v1/keys", headers=bearer(spare["key"])), 401)
+        assert_problem(httpx.post(f"{other}/v1/tokens", headers=bearer(spare["key"])), 401)
+        # Both processes sign with the same key, found in the shared database.
+        jwks = [httpx.get(f"{u}/.well-known/jwks.json").json() for u in (api.url, other)]
+        assert jwks[0] == jwks[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

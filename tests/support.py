@@ -1,0 +1,140 @@
+"""Real servers for the tests: the project's API on a free loopback port, and a
+throwaway PostgreSQL cluster started from Debian's binaries."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from svc_server.api import create_app
+from svc_server.config import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningApi:
+    url: str
+    settings: Settings
+    server: uvicorn.Server
+
+
+@contextlib.contextmanager
+def run_api(settings: Settings) -> Iterator[RunningApi]:
+    """The account API served by uvicorn in a thread, over real HTTP on loopback."""
+    app = create_app(settings)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("API server did not start")
+        time.sleep(0.005)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield RunningApi(f"http://127.0.0.1:{port}", settings, server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        app.state.services.engine.dispose()
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(found[-1]).parent if found else None
+
+
+class PostgresServer:
+    """A PostgreSQL cluster in a temporary directory, run as an unprivileged user (the
+    server refuses to run as root), listening on a free loopback port."""
+
+    USER = "svc-pgtest"
+
+    def __init__(self) -> None:
+        bindir = _pg_bin()
+        if bindir is None:
+            raise FileNotFoundError("no PostgreSQL server binaries (apt-get install postgresql)")
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="svc-pg-"))
+        self.port = free_port()
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam(self.USER)
+            except KeyError:
+                subprocess.run(
+                    [
+                        "useradd",
+                        "--system",
+                        "--no-create-home",
+                        "--shell",
+                        "/usr/sbin/nologin",
+                        self.USER,
+                    ],
+                    check=True,
+                )
+            shutil.chown(self.root, self.USER, self.USER)
+            self._as_user = ["runuser", "-u", self.USER, "--"]
+        self.data = self.root / "data"
+
+    def _run(self, *cmd: str) -> None:
+        subprocess.run([*self._as_user, *cmd], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        )
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-w",
+            "-l",
+            str(self.root / "log"),
+            "start",
+        )
+
+    def stop(self) -> None:
+        with contextlib.suppress(subprocess.SubprocessError):
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        import psycopg
+
+        with psycopg.connect(self.url().replace("+psycopg", ""), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
