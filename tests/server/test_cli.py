@@ -84,3 +84,28 @@ def test_cli_errors(api: RunningApi, tmp_path: Path) -> None:
         text=True,
     )
     assert unreachable.returncode == 1 and "transport error: cannot reach" in unreachable.stderr
+
+
+def test_rotate_signing_key_command(api: RunningApi, tmp_path: Path) -> None:
+    import httpx
+
+    before = {k["kid"] for k in httpx.get(f"{api.url}/.well-known/jwks.json").json()["keys"]}
+    env = {**os.environ, "SVC_DATA_DIR": str(api.settings.data_dir)}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "svc_sdk.cli",
+            "rotate-signing-key",
+            "--database-url",
+            api.settings.database_url,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    new_kid = result.stdout.split()[3].rstrip(";")
+    after = {k["kid"] for k in httpx.get(f"{api.url}/.well-known/jwks.json").json()["keys"]}
+    assert after == before | {new_kid}
