@@ -3,21 +3,69 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .config import Settings
 
 
 def run_api(args: argparse.Namespace) -> None:
     import uvicorn
 
     from .api import create_app
-    from .config import Settings
 
-    overrides = {"database_url": args.database_url} if args.database_url else {}
-    if args.data_dir:
-        overrides["data_dir"] = args.data_dir
-    settings = Settings(**overrides)
-    app = create_app(settings)
+    app = create_app(_settings(args))
     print(f"svc account API on http://{args.host}:{args.port}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    from .config import Settings
+
+    overrides: dict[str, str] = {}
+    for name in ("database_url", "redis_url", "data_dir", "api_url"):
+        value = getattr(args, name, None)
+        if value:
+            overrides[name] = value
+    return Settings(**overrides)  # type: ignore[arg-type]
+
+
+def run_up(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from .stack import serve
+
+    # The embedded relay reads the signing keys from the database, whatever SVC_API_URL says.
+    settings = _settings(args).model_copy(update={"api_url": ""})
+    asyncio.run(serve(settings, args.host, args.api_port, args.relay_port))
+
+
+def run_relay(args: argparse.Namespace) -> None:
+    import asyncio
+    import contextlib
+    import signal
+
+    from prometheus_client import start_http_server
+
+    from .relay.metrics import RelayMetrics
+    from .relay.server import start_relay
+
+    async def main() -> None:
+        settings = _settings(args)
+        metrics = RelayMetrics()
+        running = await start_relay(settings, args.host, args.port, metrics=metrics)
+        if args.metrics_port:
+            start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
+        print(f"svc relay on http://{args.host}:{running.port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await running.stop()
+
+    asyncio.run(main())
 
 
 def rotate_signing_key(args: argparse.Namespace) -> None:
@@ -50,3 +98,24 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("rotate-signing-key", help="rotate the JWT signing key")
     p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
     p.set_defaults(func=rotate_signing_key)
+
+    p = sub.add_parser("up", help="run the account API and the relay together")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--api-port", type=int, default=8000)
+    p.add_argument("--relay-port", type=int, default=50051)
+    p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
+    p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
+    p.add_argument("--redis-url", default=None, help="relay log in Redis (SVC_REDIS_URL)")
+    p.set_defaults(func=run_up)
+
+    p = sub.add_parser("relay", help="run one relay process")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
+    p.add_argument("--database-url", default=None, help="channel registry (SVC_DATABASE_URL)")
+    p.add_argument(
+        "--redis-url", default=None, help="shared log for several relays (SVC_REDIS_URL)"
+    )
+    p.add_argument("--api-url", default=None, help="account API for the JWKS (SVC_API_URL)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    p.set_defaults(func=run_relay)

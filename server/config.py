@@ -34,6 +34,19 @@ class Settings(BaseSettings):
     max_body_size: int = Field(64 * 1024, ge=1024, description="Largest request body, bytes")
     last_used_write_interval_seconds: float = Field(60.0, ge=0)
 
+    # Relay
+    api_url: str = Field(
+        "", description="Account API address for the JWKS; empty means read it from the database"
+    )
+    retention_seconds: int = Field(7 * 86_400, ge=60, description="How long messages are kept")
+    max_message_bytes: int = Field(1024 * 1024, ge=1024, le=16 * 1024 * 1024)
+    subscriber_buffer: int = Field(
+        4096, ge=16, description="Deliveries queued per stream before it is told it lagged"
+    )
+    relay_sync: str = Field(
+        "normal", pattern="^(normal|full)$", description="SQLite log: fsync every batch (full)"
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _expand(cls, value: Path) -> Path:

@@ -82,3 +82,29 @@ class SigningKey(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     retired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
     verify_until: Mapped[datetime | None] = mapped_column(UTCDateTime, default=None)
+
+
+class Channel(Base):
+    """A relay channel, registered by the account that created it."""
+
+    __tablename__ = "channels"
+
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    owner_account_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("accounts.id", ondelete="CASCADE")
+    )
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ChannelAccess(Base):
+    """An account whose agents may use a channel (the owner, and admitted accounts)."""
+
+    __tablename__ = "channel_access"
+
+    channel: Mapped[str] = mapped_column(
+        ForeignKey("channels.name", ondelete="CASCADE"), primary_key=True
+    )
+    account_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True
+    )
+    admitted_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,0 +1,37 @@
+"""Channel access checks against the shared database, off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..db.session import transaction
+from ..services import channels
+
+
+class Access:
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    async def can_use(self, channel: str, account_id: uuid.UUID) -> bool:
+        def check() -> bool:
+            with transaction(self._sessions) as session:
+                return channels.has_access(session, channel, account_id)
+
+        return await asyncio.to_thread(check)
+
+    async def create(self, channel: str, account_id: uuid.UUID) -> bool:
+        def create() -> bool:
+            with transaction(self._sessions) as session:
+                return channels.create(session, channel, account_id)
+
+        return await asyncio.to_thread(create)
+
+    async def admit(self, channel: str, by: uuid.UUID, account_id: uuid.UUID) -> bool:
+        def admit() -> bool:
+            with transaction(self._sessions) as session:
+                return channels.admit(session, channel, by, account_id)
+
+        return await asyncio.to_thread(admit)

@@ -1,0 +1,31 @@
+"""Prometheus metrics of the relay (text format at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class RelayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.messages = Counter(
+            "svc_relay_messages_total", "Messages stored and relayed", ["kind"], registry=r
+        )
+        self.bytes = Counter("svc_relay_message_bytes_total", "Bytes stored", registry=r)
+        self.deliveries = Counter(
+            "svc_relay_deliveries_total", "Messages written to subscriber streams", registry=r
+        )
+        self.streams = Gauge("svc_relay_connected_streams", "Open agent streams", registry=r)
+        self.commit_rejections = Counter(
+            "svc_relay_commit_rejections_total", "Commits for a stale epoch", registry=r
+        )
+        self.lagged = Counter(
+            "svc_relay_lagged_total", "Subscribers told to resume from their cursor", registry=r
+        )
+        self.delivery_latency = Histogram(
+            "svc_relay_delivery_latency_seconds",
+            "From storing a message to writing it to a subscriber's stream",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0, 5.0),
+            registry=r,
+        )

@@ -1,0 +1,245 @@
+"""The scale-out log: Redis Streams shared by any number of stateless relay processes.
+
+Per channel, a stream ``svc:log:{channel}`` whose entry ids are ``<seq>-1`` (a cursor
+maps straight to a stream position) and a hash ``svc:meta:{channel}`` with the head
+sequence number, the current epoch and how far retention has trimmed. Appends, and the
+epoch check of commits together with storing their Welcomes, are Lua scripts, so they
+are atomic across relay processes. Welcomes are kept per recipient
+(``svc:welcome:{identity hex}``) and announced on the stream ``svc:welcomes``. Each relay
+process follows the channels its own streams subscribe to, and the Welcome stream, with
+one blocking XREAD, and fans out locally. (A single Redis server, not Redis Cluster: the
+commit script touches keys of more than one slot.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .store import CommitRejected, CursorExpired, Entry, EntrySink, WelcomeEntry
+
+log = logging.getLogger("svc_server.relay")
+
+WELCOME_STREAM = "svc:welcomes"
+
+# KEYS: meta, log. ARGV: sender, epoch, message, stored_at.
+APPEND = """
+local seq = redis.call('HINCRBY', KEYS[1], 'head', 1)
+redis.call('XADD', KEYS[2], seq .. '-1',
+  's', ARGV[1], 'h', '0', 'e', ARGV[2], 'm', ARGV[3], 't', ARGV[4])
+return seq
+"""
+
+# KEYS: meta, log, welcome stream. ARGV: sender, epoch, commit, stored_at, channel,
+# welcome, retention seconds, joiner identities (hex)...
+COMMIT = """
+local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if current ~= tonumber(ARGV[2]) then return {-1, current} end
+local seq = redis.call('HINCRBY', KEYS[1], 'head', 1)
+redis.call('HSET', KEYS[1], 'epoch', current + 1)
+redis.call('XADD', KEYS[2], seq .. '-1',
+  's', ARGV[1], 'h', '1', 'e', ARGV[2], 'm', ARGV[3], 't', ARGV[4])
+for i = 8, #ARGV do
+  local key = 'svc:welcome:' .. ARGV[i]
+  redis.call('HSET', key, ARGV[5] .. '\\n' .. seq .. '\\n' .. (current + 1), ARGV[6])
+  redis.call('EXPIRE', key, ARGV[7])
+  redis.call('XADD', KEYS[3], '*',
+    'c', ARGV[5], 'r', ARGV[i], 'q', seq, 'e', current + 1, 'w', ARGV[6])
+end
+return {seq, current + 1}
+"""
+
+
+def _log(channel: str) -> str:
+    return f"svc:log:{channel}"
+
+
+def _meta(channel: str) -> str:
+    return f"svc:meta:{channel}"
+
+
+def _entry(channel: str, stream_id: bytes, fields: dict[bytes, bytes]) -> Entry:
+    seq = int(stream_id.split(b"-", 1)[0])
+    return Entry(
+        channel,
+        seq,
+        fields[b"s"],
+        fields[b"h"] == b"1",
+        int(fields[b"e"]),
+        fields[b"m"],
+        float(fields[b"t"]),
+    )
+
+
+class RedisLogStore:
+    def __init__(self, url: str, retention_seconds: int = 7 * 86_400) -> None:
+        self._url = url
+        self._retention = retention_seconds
+        self._redis: aioredis.Redis | None = None
+        self._follow_conn: aioredis.Redis | None = None
+        self._sink: EntrySink = lambda entries, welcomes: None
+        self._watched: dict[str, bytes] = {}  # channel -> last stream id handed to the sink
+        self._wake_key = f"svc:wake:{os.getpid()}:{id(self)}"
+        self._follower: asyncio.Task[None] | None = None
+        self._append: Any = None
+        self._commit: Any = None
+
+    def set_sink(self, sink: EntrySink) -> None:
+        self._sink = sink
+
+    @property
+    def redis(self) -> aioredis.Redis:
+        assert self._redis is not None, "store not started"
+        return self._redis
+
+    async def start(self) -> None:
+        self._redis = aioredis.from_url(self._url)
+        self._follow_conn = aioredis.from_url(self._url)
+        await self._redis.ping()
+        self._append = self._redis.register_script(APPEND)
+        self._commit = self._redis.register_script(COMMIT)
+        last = await self._redis.xrevrange(WELCOME_STREAM, count=1)
+        self._welcomes_from = last[0][0] if last else b"0-0"
+        self._follower = asyncio.create_task(self._follow())
+
+    async def close(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                await self._redis.delete(self._wake_key)
+        for conn in (self._redis, self._follow_conn):
+            if conn is not None:
+                await conn.aclose()
+
+    async def head(self, channel: str) -> tuple[int, int]:
+        head, epoch = await self.redis.hmget(_meta(channel), "head", "epoch")
+        return int(head or 0), int(epoch or 0)
+
+    async def append(self, channel: str, sender: bytes, message: bytes, epoch: int) -> Entry:
+        now = time.time()
+        args = [sender, epoch, message, repr(now)]
+        seq = int(await self._append(keys=[_meta(channel), _log(channel)], args=args))
+        return Entry(channel, seq, sender, False, epoch, message, now)
+
+    async def commit(
+        self,
+        channel: str,
+        sender: bytes,
+        epoch: int,
+        commit: bytes,
+        welcome: bytes,
+        joiners: Sequence[bytes],
+    ) -> Entry:
+        now = time.time()
+        recipients = [j.hex() for j in joiners] if welcome else []
+        seq, current = await self._commit(
+            keys=[_meta(channel), _log(channel), WELCOME_STREAM],
+            args=[sender, epoch, commit, repr(now), channel, welcome, self._retention, *recipients],
+        )
+        if int(seq) < 0:
+            raise CommitRejected(int(current))
+        return Entry(channel, int(seq), sender, True, epoch, commit, now)
+
+    async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(_meta(channel), "trimmed")
+            pipe.xrange(_log(channel), min=f"{after_seq + 1}-1", count=limit)
+            trimmed, rows = await pipe.execute()
+        if trimmed is not None and after_seq < int(trimmed):
+            raise CursorExpired(int(trimmed))
+        return [_entry(channel, stream_id, fields) for stream_id, fields in rows]
+
+    async def welcomes(self, recipient: bytes) -> list[WelcomeEntry]:
+        stored = await self.redis.hgetall(f"svc:welcome:{recipient.hex()}")
+        out = []
+        for field, welcome in stored.items():
+            channel, seq, epoch = field.decode().split("\n")
+            out.append(WelcomeEntry(channel, recipient, int(seq), int(epoch), welcome))
+        return sorted(out, key=lambda w: w.seq)
+
+    async def trim(self, older_than: float) -> int:
+        removed = 0
+        async for key in self.redis.scan_iter(match="svc:meta:*", count=500):
+            channel = key.decode()[len("svc:meta:") :]
+            last_old = 0
+            start = "-"
+            while True:
+                rows = await self.redis.xrange(_log(channel), min=start, count=200)
+                old = [r for r in rows if float(r[1][b"t"]) < older_than]
+                if old:
+                    last_old = int(old[-1][0].split(b"-", 1)[0])
+                if len(old) < len(rows) or len(rows) < 200:
+                    break
+                start = f"({rows[-1][0].decode()}"
+            if last_old:
+                removed += await self.redis.xtrim(_log(channel), minid=f"{last_old + 1}-1")
+                current = int(await self.redis.hget(key, "trimmed") or 0)
+                await self.redis.hset(key, "trimmed", max(current, last_old))
+        await self.redis.xtrim(WELCOME_STREAM, minid=f"{int(older_than * 1000)}-0")
+        return removed
+
+    # -- following: one XREAD over every watched channel and the Welcome stream --------
+
+    def watch(self, channel: str, after_seq: int) -> None:
+        if channel not in self._watched:
+            self._watched[channel] = f"{after_seq}-1".encode()
+            self._wake()
+
+    def unwatch(self, channel: str) -> None:
+        self._watched.pop(channel, None)
+
+    def _wake(self) -> None:
+        if self._redis is not None:
+            task = asyncio.ensure_future(self._redis.xadd(self._wake_key, {"w": "1"}, maxlen=1))
+            task.add_done_callback(lambda t: t.exception())
+
+    async def _follow(self) -> None:
+        assert self._follow_conn is not None
+        wake_from = b"$"
+        while True:
+            streams: dict[Any, Any] = {
+                self._wake_key: wake_from,
+                WELCOME_STREAM: self._welcomes_from,
+            }
+            streams.update({_log(ch): last for ch, last in self._watched.items()})
+            try:
+                result = await self._follow_conn.xread(streams, block=5000, count=1024)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("following Redis streams failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            for stream, rows in result or ():
+                name = stream.decode()
+                if name == self._wake_key:
+                    wake_from = rows[-1][0]
+                elif name == WELCOME_STREAM:
+                    self._welcomes_from = rows[-1][0]
+                    welcomes = [
+                        WelcomeEntry(
+                            f[b"c"].decode(),
+                            bytes.fromhex(f[b"r"].decode()),
+                            int(f[b"q"]),
+                            int(f[b"e"]),
+                            f[b"w"],
+                        )
+                        for _, f in rows
+                    ]
+                    self._sink([], welcomes)
+                else:
+                    channel = name[len("svc:log:") :]
+                    if channel not in self._watched:
+                        continue
+                    self._watched[channel] = rows[-1][0]
+                    self._sink([_entry(channel, sid, f) for sid, f in rows], [])

@@ -1,0 +1,109 @@
+"""Running the relay: the grpc.aio server with health checking, keepalive and limits."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..auth import Claims, TokenVerifier
+from ..config import Settings
+from ..db import migrate
+from ..db.session import make_engine, make_sessionmaker, transaction
+from ..services import signing
+from .access import Access
+from .metrics import RelayMetrics
+from .service import SERVICE, Relay
+from .store import LogStore
+
+
+def grpc_options(settings: Settings) -> list[tuple[str, Any]]:
+    # Keepalive per gRPC guidance (A8/A9): ping idle connections every 30 s, allow clients
+    # to ping every 10 s, and accept pings on streams with no data in flight.
+    frame_limit = settings.max_message_bytes + 64 * 1024
+    return [
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.max_receive_message_length", frame_limit),
+        ("grpc.max_send_message_length", 16 * 1024 * 1024),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def make_store(settings: Settings) -> LogStore:
+    if settings.redis_url:
+        from .redis_store import RedisLogStore
+
+        return RedisLogStore(settings.redis_url, settings.retention_seconds)
+    from .sqlite_store import SqliteLogStore
+
+    return SqliteLogStore(Path(settings.data_dir) / "relay.sqlite3", settings.relay_sync)
+
+
+def make_verifier(settings: Settings, sessions: sessionmaker[Session]) -> TokenVerifier:
+    if settings.api_url:
+        return TokenVerifier.from_url(
+            settings.api_url.rstrip("/") + "/.well-known/jwks.json",
+            issuer=settings.issuer,
+            audience=settings.audience,
+        )
+
+    def from_database() -> dict[str, Any]:
+        with transaction(sessions) as session:
+            return signing.jwks(session)
+
+    return TokenVerifier(from_database, issuer=settings.issuer, audience=settings.audience)
+
+
+@dataclass
+class RunningRelay:
+    relay: Relay
+    server: grpc.aio.Server
+    port: int
+    health: health.HealthServicer
+
+    async def stop(self, grace: float = 1.0) -> None:
+        self.health.enter_graceful_shutdown()
+        await self.server.stop(grace)
+        await self.relay.close()
+
+
+async def start_relay(
+    settings: Settings,
+    host: str = "127.0.0.1",
+    port: int = 50051,
+    sessions: sessionmaker[Session] | None = None,
+    metrics: RelayMetrics | None = None,
+) -> RunningRelay:
+    """Starts a relay on ``host:port`` (0 picks a free port) and returns once it serves."""
+    if sessions is None:
+        engine = make_engine(settings)
+        await asyncio.to_thread(migrate.upgrade, engine)
+        sessions = make_sessionmaker(engine)
+    verifier = make_verifier(settings, sessions)
+
+    async def verify(token: str) -> Claims:
+        return await asyncio.to_thread(verifier.verify, token)
+
+    relay = Relay(settings, make_store(settings), Access(sessions), verify, metrics)
+    await relay.start()
+    server = grpc.aio.server(options=grpc_options(settings))
+    server.add_generic_rpc_handlers((relay.handler(),))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        await relay.close()
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    for name in ("", SERVICE):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return RunningRelay(relay, server, bound, health_servicer)

@@ -1,0 +1,170 @@
+"""The gRPC service: authenticates each stream, runs its reader and writer, and owns the
+store, the hub and the metrics shared by all streams."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+
+from ..auth import Claims, InvalidToken
+from ..config import Settings
+from .access import Access
+from .hub import Hub
+from .metrics import RelayMetrics
+from .session import StreamSession
+from .store import Entry, LogStore, WelcomeEntry
+
+log = logging.getLogger("svc_server.relay")
+
+SERVICE = "svc.relay.v1.Relay"
+MAX_IDENTITY = 1024
+
+
+def parse_frame(data: bytes) -> pb.ClientFrame | None:
+    """Never raises: a frame that does not parse becomes None and gets an error reply."""
+    try:
+        return pb.ClientFrame.FromString(data)
+    except DecodeError:
+        return None
+
+
+class Relay:
+    def __init__(
+        self,
+        settings: Settings,
+        store: LogStore,
+        access: Access,
+        verify: Callable[[str], Awaitable[Claims]],
+        metrics: RelayMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.access = access
+        self.verify = verify
+        self.metrics = metrics or RelayMetrics()
+        self.hub = Hub()
+        self.store.set_sink(self._stored)
+        self._trimmer: asyncio.Task[None] | None = None
+
+    def _stored(self, entries: Any, welcomes: Any) -> None:
+        self.hub.publish(entries, welcomes)
+
+    async def start(self) -> None:
+        await self.store.start()
+        self._trimmer = asyncio.create_task(self._trim_forever())
+
+    async def close(self) -> None:
+        if self._trimmer is not None:
+            self._trimmer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._trimmer
+        await self.store.close()
+
+    async def _trim_forever(self) -> None:
+        interval = min(60.0, self.settings.retention_seconds / 4)
+        while True:
+            try:
+                await self.store.trim(time.time() - self.settings.retention_seconds)
+            except Exception:
+                log.exception("retention trim failed")
+            await asyncio.sleep(interval)
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> tuple[Claims, bytes]:
+        metadata = {k: v for k, v in (context.invocation_metadata() or ())}
+        header = metadata.get("authorization", "")
+        scheme, _, token = str(header).partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED, "missing authorization: Bearer <JWT>"
+            )
+        try:
+            identity = bytes.fromhex(str(metadata.get("svc-identity", "")))
+        except ValueError:
+            identity = b""
+        if not 0 < len(identity) <= MAX_IDENTITY:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "svc-identity metadata must be 1 to 1024 bytes, hex",
+            )
+        try:
+            claims = await self.verify(token.strip())
+        except InvalidToken as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+        return claims, identity
+
+    async def connect(
+        self, requests: AsyncIterator[pb.ClientFrame | None], context: grpc.aio.ServicerContext
+    ) -> None:
+        claims, identity = await self._authenticate(context)
+        session = StreamSession(self, claims, identity)
+        self.hub.connect(identity, session.outbox)
+        self.metrics.streams.inc()
+        reader = asyncio.create_task(self._read(session, requests))
+        expiry = asyncio.create_task(session.expire_token())
+        try:
+            await session.send_pending_welcomes()
+            await self._write(session, context)
+        finally:
+            reader.cancel()
+            expiry.cancel()
+            session.shutdown()
+            self.metrics.streams.dec()
+        if session.closed is not None and session.closed[0] != grpc.StatusCode.OK:
+            await context.abort(*session.closed)
+
+    async def _read(
+        self, session: StreamSession, requests: AsyncIterator[pb.ClientFrame | None]
+    ) -> None:
+        try:
+            async for frame in requests:
+                await session.handle(frame)
+            session.close(grpc.StatusCode.OK, "client closed the stream")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # transport error or a frame over the size limit
+            session.close(grpc.StatusCode.OK, f"stream ended: {exc}")
+
+    async def _write(self, session: StreamSession, context: grpc.aio.ServicerContext) -> None:
+        closing = asyncio.create_task(session.close_event.wait())
+        try:
+            while session.closed is None:
+                next_frames = asyncio.create_task(session.outbox.next_frames())
+                done, _ = await asyncio.wait(
+                    {next_frames, closing}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if next_frames not in done:
+                    next_frames.cancel()
+                    break
+                frames, stored_at = next_frames.result()
+                for frame in frames:
+                    await context.write(frame)
+                if stored_at:
+                    now = time.time()
+                    self.metrics.deliveries.inc(len(frames[-1].deliveries.items))
+                    self.metrics.delivery_latency.observe(now - stored_at)
+        finally:
+            closing.cancel()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Connect": grpc.stream_stream_rpc_method_handler(
+                    self.connect,
+                    request_deserializer=parse_frame,
+                    response_serializer=pb.ServerFrame.SerializeToString,
+                )
+            },
+        )
+
+
+__all__ = ["Entry", "Relay", "WelcomeEntry"]

@@ -1,0 +1,268 @@
+"""One agent's stream: its identity and token, its subscriptions, and the handling of
+every frame it sends. Each frame gets exactly one Reply with its request_id."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+import grpc
+
+from svc_sdk._native import MlsError, inspect
+from svc_sdk._relay_pb import relay_pb2 as pb
+
+from ..auth import Claims, InvalidToken
+from ..services.channels import valid_name
+from .hub import Outbox, Subscription, welcome_frame
+from .store import CommitRejected, CursorExpired
+
+if TYPE_CHECKING:
+    from .service import Relay
+
+log = logging.getLogger("svc_server.relay")
+
+OK = grpc.StatusCode.OK.value[0]
+INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+EXPIRED_CURSOR = grpc.StatusCode.OUT_OF_RANGE.value[0]
+UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED.value[0]
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+CATCH_UP_PAGE = 512
+
+
+class RequestError(Exception):
+    def __init__(self, code: int, message: str, epoch: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.epoch = epoch
+
+
+def _denied(channel: str) -> RequestError:
+    # The same answer whether the channel exists or not: outsiders learn nothing.
+    return RequestError(DENIED, f"no access to channel {channel!r}")
+
+
+class StreamSession:
+    def __init__(self, relay: Relay, claims: Claims, identity: bytes) -> None:
+        self.relay = relay
+        self.claims = claims
+        self.identity = identity
+        self.outbox = Outbox(relay.settings.subscriber_buffer)
+        self.subscriptions: dict[str, Subscription] = {}
+        self.allowed: set[str] = set()
+        self.closed: tuple[grpc.StatusCode, str] | None = None
+        self.close_event = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self, code: grpc.StatusCode, message: str) -> None:
+        if self.closed is None:
+            self.closed = (code, message)
+            self.close_event.set()
+
+    def spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def expire_token(self) -> None:
+        """Closes the stream when the token expires without a Refresh."""
+        while self.closed is None:
+            remaining = self.claims.expires_at - time.time()
+            if remaining <= 0:
+                self.close(
+                    grpc.StatusCode.UNAUTHENTICATED, "token expired; send Refresh before exp"
+                )
+                return
+            await asyncio.sleep(min(remaining, 3600))
+
+    def shutdown(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for sub in list(self.subscriptions.values()):
+            self._drop(sub)
+        self.relay.hub.disconnect(self.identity, self.outbox)
+
+    # -- frames ------------------------------------------------------------------------
+
+    def reply(self, request_id: int, code: int = OK, message: str = "", **fields: int) -> None:
+        self.outbox.control(
+            pb.ServerFrame(
+                reply=pb.Reply(request_id=request_id, code=code, message=message, **fields)
+            )
+        )
+
+    async def handle(self, frame: pb.ClientFrame | None) -> None:
+        if frame is None:
+            self.reply(0, INVALID, "malformed frame: not a ClientFrame")
+            return
+        kind = frame.WhichOneof("kind")
+        if frame.request_id == 0 or kind is None:
+            self.reply(frame.request_id, INVALID, "frame needs a non-zero request_id and a kind")
+            return
+        handler = getattr(self, f"_on_{kind}")
+        try:
+            await handler(frame.request_id, getattr(frame, kind))
+        except RequestError as exc:
+            self.reply(frame.request_id, exc.code, exc.message, epoch=exc.epoch)
+        except Exception:  # a bug or an unreachable backend must not kill the stream
+            log.exception("relay request failed")
+            self.reply(frame.request_id, UNAVAILABLE, "relay could not complete the request; retry")
+
+    async def _check_channel(self, channel: str) -> None:
+        if not valid_name(channel):
+            raise RequestError(
+                INVALID, f"invalid channel name: {channel!r}; expected org/namespace/service"
+            )
+        if channel in self.allowed:
+            return
+        if not await self.relay.access.can_use(channel, self.claims.account_id):
+            raise _denied(channel)
+        self.allowed.add(channel)
+
+    def _check_size(self, data: bytes, what: str) -> None:
+        limit = self.relay.settings.max_message_bytes
+        if len(data) > limit:
+            raise RequestError(INVALID, f"{what} is {len(data)} bytes; the limit is {limit}")
+
+    @staticmethod
+    def _inspect(data: bytes, channel: str, what: str) -> tuple[str, str | None, int | None]:
+        try:
+            info = inspect(data)
+        except MlsError as exc:
+            raise RequestError(INVALID, f"{what}: {exc}") from None
+        group_message = info.wire_format in ("private_message", "public_message")
+        if group_message and info.group_id != channel.encode():
+            raise RequestError(INVALID, f"{what} belongs to another group than {channel!r}")
+        return info.wire_format, info.content_type, info.epoch
+
+    async def _on_create(self, request_id: int, req: pb.CreateChannel) -> None:
+        if not valid_name(req.channel):
+            raise RequestError(
+                INVALID, f"invalid channel name: {req.channel!r}; expected org/namespace/service"
+            )
+        if not await self.relay.access.create(req.channel, self.claims.account_id):
+            raise _denied(req.channel)
+        self.allowed.add(req.channel)
+        head, epoch = await self.relay.store.head(req.channel)
+        self.reply(request_id, head_seq=head, epoch=epoch)
+
+    async def _on_admit(self, request_id: int, req: pb.Admit) -> None:
+        await self._check_channel(req.channel)
+        try:
+            account = uuid.UUID(req.account_id)
+        except ValueError:
+            raise RequestError(INVALID, "account_id is not a UUID") from None
+        if not await self.relay.access.admit(req.channel, self.claims.account_id, account):
+            raise RequestError(INVALID, "no such account")
+        self.reply(request_id)
+
+    async def _on_publish(self, request_id: int, req: pb.Publish) -> None:
+        await self._check_channel(req.channel)
+        self._check_size(req.message, "message")
+        wire, content, epoch = self._inspect(req.message, req.channel, "message")
+        if wire not in ("private_message", "public_message") or content == "commit":
+            raise RequestError(
+                INVALID,
+                "Publish takes application messages and proposals; send commits with Commit",
+            )
+        entry = await self.relay.store.append(req.channel, self.identity, req.message, epoch or 0)
+        self.relay.metrics.messages.labels("application").inc()
+        self.relay.metrics.bytes.inc(len(req.message))
+        self.reply(request_id, seq=entry.seq)
+
+    async def _on_commit(self, request_id: int, req: pb.Commit) -> None:
+        await self._check_channel(req.channel)
+        self._check_size(req.commit, "commit")
+        self._check_size(req.welcome, "welcome")
+        _, content, epoch = self._inspect(req.commit, req.channel, "commit")
+        if content != "commit":
+            raise RequestError(INVALID, "Commit takes an MLS commit")
+        if epoch != req.epoch:
+            raise RequestError(INVALID, f"commit is for epoch {epoch}, the frame says {req.epoch}")
+        if req.welcome:
+            wire, _, _ = self._inspect(req.welcome, req.channel, "welcome")
+            if wire != "welcome" or not req.joiners:
+                raise RequestError(INVALID, "welcome must be an MLS Welcome and name its joiners")
+        if len(req.joiners) > 10_000 or any(not 0 < len(j) <= 1024 for j in req.joiners):
+            raise RequestError(INVALID, "joiners must be 1 to 1024-byte identities")
+        try:
+            entry = await self.relay.store.commit(
+                req.channel, self.identity, req.epoch, req.commit, req.welcome, list(req.joiners)
+            )
+        except CommitRejected as exc:
+            self.relay.metrics.commit_rejections.inc()
+            raise RequestError(STALE, str(exc), epoch=exc.current_epoch) from None
+        self.relay.metrics.messages.labels("commit").inc()
+        self.relay.metrics.bytes.inc(len(req.commit))
+        self.reply(request_id, seq=entry.seq, epoch=entry.epoch + 1)
+
+    async def _on_subscribe(self, request_id: int, req: pb.Subscribe) -> None:
+        await self._check_channel(req.channel)
+        old = self.subscriptions.pop(req.channel, None)
+        if old is not None:
+            self._drop(old)
+        sub = Subscription(self.relay.hub, req.channel, self.identity, self.outbox, req.after_seq)
+        if self.relay.hub.add(sub):
+            self.relay.store.watch(req.channel, req.after_seq)
+        self.subscriptions[req.channel] = sub
+        try:
+            head, epoch = await self.relay.store.head(req.channel)
+            # Fails now, not later, if the cursor fell behind retention.
+            first = await self.relay.store.read(req.channel, req.after_seq, CATCH_UP_PAGE)
+        except CursorExpired as exc:
+            self._drop(sub)
+            raise RequestError(EXPIRED_CURSOR, str(exc)) from None
+        self.reply(request_id, head_seq=head, epoch=epoch)
+        self.spawn(self._catch_up(sub, first))
+
+    async def _catch_up(self, sub: Subscription, page: list) -> None:  # type: ignore[type-arg]
+        """Replays the log after the cursor at the pace the stream drains, then goes live."""
+        try:
+            while True:
+                for entry in page:
+                    sub.deliver(entry)
+                if len(page) < CATCH_UP_PAGE or not sub.active:
+                    break
+                await self.outbox.wait_for_room()
+                page = await self.relay.store.read(sub.channel, sub.last, CATCH_UP_PAGE)
+            sub.go_live()
+        except CursorExpired:
+            sub.lag()
+
+    def _drop(self, sub: Subscription) -> None:
+        sub.active = False
+        if self.relay.hub.remove(sub):
+            self.relay.store.unwatch(sub.channel)
+        if self.subscriptions.get(sub.channel) is sub:
+            del self.subscriptions[sub.channel]
+
+    async def _on_unsubscribe(self, request_id: int, req: pb.Unsubscribe) -> None:
+        sub = self.subscriptions.get(req.channel)
+        if sub is not None:
+            self._drop(sub)
+        self.reply(request_id)
+
+    async def _on_refresh(self, request_id: int, req: pb.Refresh) -> None:
+        try:
+            claims = await self.relay.verify(req.token)
+        except InvalidToken as exc:
+            self.reply(request_id, UNAUTHENTICATED, str(exc))
+            self.close(grpc.StatusCode.UNAUTHENTICATED, f"refresh rejected: {exc}")
+            return
+        if claims.account_id != self.claims.account_id:
+            self.reply(request_id, UNAUTHENTICATED, "token is for another account")
+            self.close(grpc.StatusCode.UNAUTHENTICATED, "refresh with another account's token")
+            return
+        self.claims = claims
+        self.reply(request_id)
+
+    async def send_pending_welcomes(self) -> None:
+        for w in await self.relay.store.welcomes(self.identity):
+            self.outbox.control(welcome_frame(w))

@@ -1,0 +1,296 @@
+"""The embedded log: SQLite (WAL) in the server's data directory, for one relay process.
+
+All writes go through one thread that drains every pending request into a single
+transaction (group commit), so `synchronous=FULL` costs one fsync per batch, not per
+message. Reads use their own connection and thread; WAL lets them run beside writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .store import CommitRejected, CursorExpired, Entry, EntrySink, WelcomeEntry
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS channels (
+    name TEXT PRIMARY KEY,
+    head_seq INTEGER NOT NULL DEFAULT 0,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    trimmed_through INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS messages (
+    channel TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    sender BLOB NOT NULL,
+    handshake INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    message BLOB NOT NULL,
+    stored_at REAL NOT NULL,
+    PRIMARY KEY (channel, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS messages_stored_at ON messages (stored_at);
+CREATE TABLE IF NOT EXISTS welcomes (
+    recipient BLOB NOT NULL,
+    channel TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    welcome BLOB NOT NULL,
+    stored_at REAL NOT NULL,
+    PRIMARY KEY (recipient, channel, seq)
+) WITHOUT ROWID;
+"""
+
+Op = Callable[[sqlite3.Connection], tuple[Any, list[Entry], list[WelcomeEntry]]]
+
+
+def _connect(path: Path, sync: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
+    conn.execute("PRAGMA busy_timeout=10000")
+    return conn
+
+
+def _entry(channel: str, row: tuple[Any, ...]) -> Entry:
+    seq, sender, handshake, epoch, message, stored_at = row
+    return Entry(channel, seq, bytes(sender), bool(handshake), epoch, bytes(message), stored_at)
+
+
+class SqliteLogStore:
+    def __init__(self, path: Path, sync: str = "normal") -> None:
+        self._path = path
+        self._sync = sync
+        self._sink: EntrySink = lambda entries, welcomes: None
+        self._queue: queue.SimpleQueue[tuple[Op, Future[Any]] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="svc-log-read")
+        self._read_conn: sqlite3.Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def set_sink(self, sink: EntrySink) -> None:
+        self._sink = sink
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self._path.exists():
+            os.close(os.open(self._path, os.O_CREAT | os.O_WRONLY, 0o600))
+        conn = _connect(self._path, self._sync)
+        conn.executescript(SCHEMA)
+        self._writer = threading.Thread(
+            target=self._write_loop, args=(conn,), name="svc-log-write", daemon=True
+        )
+        self._writer.start()
+        self._read_conn = _connect(self._path, self._sync)
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._queue.put(None)
+            await asyncio.to_thread(self._writer.join)
+            self._writer = None
+        self._reads.shutdown(wait=True)
+        if self._read_conn is not None:
+            self._read_conn.close()
+
+    # -- writes: one thread, one transaction per batch of requests --------------------
+
+    def _write_loop(self, conn: sqlite3.Connection) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                conn.close()
+                return
+            batch = [item]
+            while len(batch) < 512:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    self._queue.put(None)
+                    break
+                batch.append(more)
+            self._run_batch(conn, batch)
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[tuple[Op, Future[Any]]]) -> None:
+        results: list[tuple[Future[Any], Any, BaseException | None]] = []
+        entries: list[Entry] = []
+        welcomes: list[WelcomeEntry] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            for op, future in batch:
+                conn.execute("SAVEPOINT op")
+                try:
+                    value, new_entries, new_welcomes = op(conn)
+                except Exception as exc:  # this request fails; the others go on
+                    conn.execute("ROLLBACK TO op")
+                    conn.execute("RELEASE op")
+                    results.append((future, None, exc))
+                    continue
+                conn.execute("RELEASE op")
+                entries.extend(new_entries)
+                welcomes.extend(new_welcomes)
+                results.append((future, value, None))
+            conn.execute("COMMIT")
+        except Exception as exc:  # the batch could not be stored: nothing of it happened
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            for _, future in batch:
+                future.set_exception(exc)
+            return
+        # Durable now: hand the entries to the sink in order, then answer the callers.
+        if (entries or welcomes) and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._sink, entries, welcomes)
+        for future, value, error in results:
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+    async def _write(self, op: Op) -> Any:
+        future: Future[Any] = Future()
+        self._queue.put((op, future))
+        return await asyncio.wrap_future(future)
+
+    @staticmethod
+    def _channel_row(conn: sqlite3.Connection, channel: str) -> tuple[int, int]:
+        conn.execute("INSERT OR IGNORE INTO channels (name) VALUES (?)", (channel,))
+        head, epoch = conn.execute(
+            "SELECT head_seq, epoch FROM channels WHERE name = ?", (channel,)
+        ).fetchone()
+        return head, epoch
+
+    async def append(self, channel: str, sender: bytes, message: bytes, epoch: int) -> Entry:
+        def op(conn: sqlite3.Connection) -> tuple[Entry, list[Entry], list[WelcomeEntry]]:
+            head, _ = self._channel_row(conn, channel)
+            entry = Entry(channel, head + 1, sender, False, epoch, message, time.time())
+            self._insert(conn, entry)
+            conn.execute("UPDATE channels SET head_seq = ? WHERE name = ?", (entry.seq, channel))
+            return entry, [entry], []
+
+        result: Entry = await self._write(op)
+        return result
+
+    async def commit(
+        self,
+        channel: str,
+        sender: bytes,
+        epoch: int,
+        commit: bytes,
+        welcome: bytes,
+        joiners: Sequence[bytes],
+    ) -> Entry:
+        def op(conn: sqlite3.Connection) -> tuple[Entry, list[Entry], list[WelcomeEntry]]:
+            head, current = self._channel_row(conn, channel)
+            if epoch != current:
+                raise CommitRejected(current)
+            now = time.time()
+            entry = Entry(channel, head + 1, sender, True, epoch, commit, now)
+            self._insert(conn, entry)
+            conn.execute(
+                "UPDATE channels SET head_seq = ?, epoch = ? WHERE name = ?",
+                (entry.seq, epoch + 1, channel),
+            )
+            new_welcomes = (
+                [WelcomeEntry(channel, joiner, entry.seq, epoch + 1, welcome) for joiner in joiners]
+                if welcome
+                else []
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO welcomes VALUES (?, ?, ?, ?, ?, ?)",
+                [(w.recipient, channel, w.seq, w.epoch, welcome, now) for w in new_welcomes],
+            )
+            return entry, [entry], new_welcomes
+
+        result: Entry = await self._write(op)
+        return result
+
+    @staticmethod
+    def _insert(conn: sqlite3.Connection, e: Entry) -> None:
+        conn.execute(
+            "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (e.channel, e.seq, e.sender, int(e.handshake), e.epoch, e.message, e.stored_at),
+        )
+
+    async def trim(self, older_than: float) -> int:
+        def op(conn: sqlite3.Connection) -> tuple[int, list[Entry], list[WelcomeEntry]]:
+            conn.execute(
+                """UPDATE channels SET trimmed_through = MAX(trimmed_through, (
+                       SELECT MAX(seq) FROM messages
+                       WHERE messages.channel = channels.name AND stored_at < ?))
+                   WHERE EXISTS (SELECT 1 FROM messages
+                       WHERE messages.channel = channels.name AND stored_at < ?)""",
+                (older_than, older_than),
+            )
+            removed = conn.execute("DELETE FROM messages WHERE stored_at < ?", (older_than,))
+            conn.execute("DELETE FROM welcomes WHERE stored_at < ?", (older_than,))
+            return removed.rowcount, [], []
+
+        result: int = await self._write(op)
+        return result
+
+    # -- reads ------------------------------------------------------------------------
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        assert self._read_conn is not None, "store not started"
+        conn = self._read_conn
+        return await asyncio.get_running_loop().run_in_executor(self._reads, fn, conn)
+
+    async def head(self, channel: str) -> tuple[int, int]:
+        def fn(conn: sqlite3.Connection) -> tuple[int, int]:
+            row = conn.execute(
+                "SELECT head_seq, epoch FROM channels WHERE name = ?", (channel,)
+            ).fetchone()
+            return (row[0], row[1]) if row else (0, 0)
+
+        result: tuple[int, int] = await self._read(fn)
+        return result
+
+    async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:
+        def fn(conn: sqlite3.Connection) -> list[Entry]:
+            conn.execute("BEGIN")  # one snapshot for the retention check and the rows
+            try:
+                row = conn.execute(
+                    "SELECT trimmed_through FROM channels WHERE name = ?", (channel,)
+                ).fetchone()
+                if row and after_seq < row[0]:
+                    raise CursorExpired(row[0])
+                rows = conn.execute(
+                    "SELECT seq, sender, handshake, epoch, message, stored_at FROM messages "
+                    "WHERE channel = ? AND seq > ? ORDER BY seq LIMIT ?",
+                    (channel, after_seq, limit),
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            return [_entry(channel, r) for r in rows]
+
+        result: list[Entry] = await self._read(fn)
+        return result
+
+    async def welcomes(self, recipient: bytes) -> list[WelcomeEntry]:
+        def fn(conn: sqlite3.Connection) -> list[WelcomeEntry]:
+            rows = conn.execute(
+                "SELECT channel, seq, epoch, welcome FROM welcomes WHERE recipient = ? "
+                "ORDER BY seq",
+                (recipient,),
+            ).fetchall()
+            return [WelcomeEntry(c, recipient, s, e, bytes(w)) for c, s, e, w in rows]
+
+        result: list[WelcomeEntry] = await self._read(fn)
+        return result
+
+    # In one process the sink sees every entry as it is stored: nothing to watch.
+    def watch(self, channel: str, after_seq: int) -> None:
+        return None
+
+    def unwatch(self, channel: str) -> None:
+        return None

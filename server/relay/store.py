@@ -1,0 +1,97 @@
+"""The per-channel log: what every backend (SQLite, Redis) provides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored message. ``epoch`` is the epoch the message was sent in; a handshake
+    (commit) entry moved the channel to ``epoch + 1``."""
+
+    channel: str
+    seq: int
+    sender: bytes
+    handshake: bool
+    epoch: int
+    message: bytes
+    stored_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class WelcomeEntry:
+    channel: str
+    recipient: bytes
+    seq: int
+    epoch: int
+    welcome: bytes
+
+
+class CommitRejected(Exception):
+    """Another commit already moved the channel past this epoch."""
+
+    def __init__(self, current_epoch: int) -> None:
+        super().__init__(f"commit is for a stale epoch; the channel is at epoch {current_epoch}")
+        self.current_epoch = current_epoch
+
+
+class CursorExpired(Exception):
+    """Messages after the cursor were removed by retention."""
+
+    def __init__(self, trimmed_through: int) -> None:
+        super().__init__(
+            f"messages up to seq {trimmed_through} were removed by retention; "
+            "the agent must rejoin the channel"
+        )
+        self.trimmed_through = trimmed_through
+
+
+EntrySink = Callable[[Sequence[Entry], Sequence[WelcomeEntry]], None]
+
+
+class LogStore(Protocol):
+    """Stores and orders messages. Every stored entry (and Welcome) is also handed, in
+    sequence order, to the sink set with ``set_sink`` once it is durable."""
+
+    def set_sink(self, sink: EntrySink) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def head(self, channel: str) -> tuple[int, int]:
+        """(newest seq, current epoch); (0, 0) for a channel with no messages yet."""
+        ...
+
+    async def append(self, channel: str, sender: bytes, message: bytes, epoch: int) -> Entry: ...
+
+    async def commit(
+        self,
+        channel: str,
+        sender: bytes,
+        epoch: int,
+        commit: bytes,
+        welcome: bytes,
+        joiners: Sequence[bytes],
+    ) -> Entry:
+        """Appends the commit if ``epoch`` is current, else raises CommitRejected."""
+        ...
+
+    async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:
+        """Entries after ``after_seq`` in order; CursorExpired if some were trimmed."""
+        ...
+
+    async def welcomes(self, recipient: bytes) -> list[WelcomeEntry]: ...
+
+    async def trim(self, older_than: float) -> int:
+        """Removes entries stored before ``older_than`` (epoch seconds); returns how many."""
+        ...
+
+    def watch(self, channel: str, after_seq: int) -> None:
+        """Local subscribers want this channel's new entries (from ``after_seq`` on)."""
+        ...
+
+    def unwatch(self, channel: str) -> None: ...

@@ -1,0 +1,59 @@
+"""Who may use which relay channel. Channel names are global; a channel belongs to the
+account that created it, and other accounts' agents may use it once admitted."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ..db.models import Account, Channel, ChannelAccess, utcnow
+
+# Three components of letters, digits and . _ - ; 1 to 64 characters each.
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}/[A-Za-z0-9._-]{1,64}/[A-Za-z0-9._-]{1,64}$")
+
+
+def valid_name(name: str) -> bool:
+    return bool(NAME.match(name))
+
+
+def has_access(session: Session, channel: str, account_id: uuid.UUID) -> bool:
+    return (
+        session.scalar(
+            select(ChannelAccess.account_id).where(
+                ChannelAccess.channel == channel, ChannelAccess.account_id == account_id
+            )
+        )
+        is not None
+    )
+
+
+def create(session: Session, channel: str, account_id: uuid.UUID) -> bool:
+    """Registers ``channel`` for the account. True if it now exists and the account may
+    use it (created now, or already its own or admitted); False if another account has it."""
+    if has_access(session, channel, account_id):
+        return True
+    if session.get(Channel, channel) is not None:
+        return False
+    try:
+        with session.begin_nested():
+            session.add(Channel(name=channel, owner_account_id=account_id, created_at=utcnow()))
+            session.flush()
+            session.add(ChannelAccess(channel=channel, account_id=account_id, admitted_at=utcnow()))
+            session.flush()
+    except IntegrityError:  # another relay process registered it first
+        return has_access(session, channel, account_id)
+    return True
+
+
+def admit(session: Session, channel: str, by: uuid.UUID, account_id: uuid.UUID) -> bool:
+    """Lets ``account_id`` use the channel, if ``by`` may use it and the account exists."""
+    if not has_access(session, channel, by) or session.get(Account, account_id) is None:
+        return False
+    if not has_access(session, channel, account_id):
+        session.add(ChannelAccess(channel=channel, account_id=account_id, admitted_at=utcnow()))
+        session.flush()
+    return True

@@ -1,0 +1,73 @@
+"""``svc up``: the account API and the relay in one process, on loopback by default."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from dataclasses import dataclass
+
+import uvicorn
+from prometheus_client import make_asgi_app
+
+from .api import create_app
+from .api.deps import Services
+from .config import Settings
+from .relay.metrics import RelayMetrics
+from .relay.server import RunningRelay, start_relay
+
+
+@dataclass
+class Stack:
+    api_url: str
+    relay_url: str
+    relay: RunningRelay
+    api: uvicorn.Server
+
+
+async def start_stack(
+    settings: Settings, host: str = "127.0.0.1", api_port: int = 8000, relay_port: int = 50051
+) -> Stack:
+    """Starts both servers (0 picks free ports) and returns when both accept connections."""
+    services = await asyncio.to_thread(Services.start, settings)
+    metrics = RelayMetrics()
+    relay = await start_relay(settings, host, relay_port, services.sessions, metrics)
+    app = create_app(services=services)
+    app.mount("/metrics", make_asgi_app(registry=metrics.registry))
+    config = uvicorn.Config(app, host=host, port=api_port, log_level="warning", lifespan="off")
+    api = uvicorn.Server(config)
+    api.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    task = asyncio.create_task(api.serve())
+    while not api.started:
+        if task.done():
+            await relay.stop()
+            task.result()
+            raise OSError(f"account API could not listen on {host}:{api_port}")
+        await asyncio.sleep(0.01)
+    bound = api.servers[0].sockets[0].getsockname()[1]
+    return Stack(f"http://{host}:{bound}", f"http://{host}:{relay.port}", relay, api)
+
+
+async def stop_stack(stack: Stack) -> None:
+    stack.api.should_exit = True
+    await stack.relay.stop()
+    for _ in range(500):
+        if not stack.api.started:
+            break
+        await asyncio.sleep(0.01)
+
+
+async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:
+    stack = await start_stack(settings, host, api_port, relay_port)
+    print(f"svc account API  {stack.api_url}", flush=True)
+    print(f"svc relay        {stack.relay_url}", flush=True)
+    print(f"metrics          {stack.api_url}/metrics", flush=True)
+    print("ready; Ctrl-C stops", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await stop_stack(stack)
+    print("stopped", flush=True)

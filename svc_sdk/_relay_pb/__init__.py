@@ -1,0 +1,1 @@
+"""Generated from proto/relay.proto; do not edit."""

@@ -1,0 +1,150 @@
+"""A low-level asyncio client of the relay protocol (proto/relay.proto): one stream,
+request/reply matching by request_id, and queues of deliveries, Welcomes and lag notices.
+
+The high-level ``SvcClient`` builds on this; benchmarks and tests use it directly.
+
+    >>> async with RelayConnection("127.0.0.1:50051", token, b"agent-a") as relay:
+    ...     await relay.request(create=pb.CreateChannel(channel="acme/ns/svc"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import grpc
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+
+METHOD = "/svc.relay.v1.Relay/Connect"
+
+
+def target_of(endpoint: str) -> str:
+    """``http://host:port`` or ``host:port`` → ``host:port`` for grpc."""
+    for scheme in ("http://", "grpc://"):
+        if endpoint.startswith(scheme):
+            return endpoint[len(scheme) :].rstrip("/")
+    return endpoint.rstrip("/")
+
+
+def code_name(code: int) -> str:
+    for status in grpc.StatusCode:
+        if status.value[0] == code:
+            return str(status.name)
+    return str(code)
+
+
+class RelayError(Exception):
+    """A Reply with a non-OK code."""
+
+    def __init__(self, reply: pb.Reply) -> None:
+        super().__init__(f"{code_name(reply.code)}: {reply.message}")
+        self.reply = reply
+        self.code = reply.code
+
+
+class RelayConnection:
+    def __init__(
+        self,
+        endpoint: str,
+        token: str,
+        identity: bytes,
+        *,
+        options: list[tuple[str, Any]] | None = None,
+    ) -> None:
+        self.target = target_of(endpoint)
+        self.identity = identity
+        self._token = token
+        self._options = options or [
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
+            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+        ]
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[pb.Reply]] = {}
+        self.deliveries: asyncio.Queue[pb.Delivery] = asyncio.Queue()
+        self.welcomes: asyncio.Queue[pb.Welcome] = asyncio.Queue()
+        self.lagged: asyncio.Queue[str] = asyncio.Queue()
+        self.closed: asyncio.Future[grpc.RpcError | None] | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> RelayConnection:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        self.closed = asyncio.get_running_loop().create_future()
+        self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        stream = self._channel.stream_stream(
+            METHOD,
+            request_serializer=pb.ClientFrame.SerializeToString,
+            response_deserializer=pb.ServerFrame.FromString,
+        )
+        self._call = stream(
+            metadata=(
+                ("authorization", f"Bearer {self._token}"),
+                ("svc-identity", self.identity.hex()),
+            )
+        )
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        error: grpc.RpcError | None = None
+        try:
+            async for frame in self._call:
+                kind = frame.WhichOneof("kind")
+                if kind == "reply":
+                    future = self._pending.pop(frame.reply.request_id, None)
+                    if future is not None and not future.done():
+                        future.set_result(frame.reply)
+                elif kind == "deliveries":
+                    for item in frame.deliveries.items:
+                        self.deliveries.put_nowait(item)
+                elif kind == "welcome":
+                    self.welcomes.put_nowait(frame.welcome)
+                elif kind == "lagged":
+                    self.lagged.put_nowait(frame.lagged.channel)
+        except grpc.RpcError as exc:
+            error = exc
+        except asyncio.CancelledError:
+            pass
+        finally:
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(error or ConnectionError("relay stream closed"))
+            self._pending.clear()
+            if self.closed is not None and not self.closed.done():
+                self.closed.set_result(error)
+
+    async def send(self, **kind: Any) -> asyncio.Future[pb.Reply]:
+        """Writes a frame; returns the future of its Reply."""
+        request_id = next(self._ids)
+        future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        await self._call.write(pb.ClientFrame(request_id=request_id, **kind))
+        return future
+
+    async def request(self, timeout: float = 30.0, check: bool = True, **kind: Any) -> pb.Reply:
+        """Sends a frame and waits for its Reply; RelayError for a non-OK code."""
+        reply = await asyncio.wait_for(await self.send(**kind), timeout)
+        if check and reply.code != 0:
+            raise RelayError(reply)
+        return reply
+
+    async def close(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass
+        if self._channel is not None:
+            await self._channel.close()
