@@ -23,6 +23,7 @@ class Stack:
     relay_url: str
     relay: RunningRelay
     api: uvicorn.Server
+    api_task: asyncio.Task[None]
 
 
 async def start_stack(
@@ -36,7 +37,6 @@ async def start_stack(
     app.mount("/metrics", make_asgi_app(registry=metrics.registry))
     config = uvicorn.Config(app, host=host, port=api_port, log_level="warning", lifespan="off")
     api = uvicorn.Server(config)
-    api.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     task = asyncio.create_task(api.serve())
     while not api.started:
         if task.done():
@@ -45,16 +45,14 @@ async def start_stack(
             raise OSError(f"account API could not listen on {host}:{api_port}")
         await asyncio.sleep(0.01)
     bound = api.servers[0].sockets[0].getsockname()[1]
-    return Stack(f"http://{host}:{bound}", f"http://{host}:{relay.port}", relay, api)
+    return Stack(f"http://{host}:{bound}", f"http://{host}:{relay.port}", relay, api, task)
 
 
 async def stop_stack(stack: Stack) -> None:
     stack.api.should_exit = True
     await stack.relay.stop()
-    for _ in range(500):
-        if not stack.api.started:
-            break
-        await asyncio.sleep(0.01)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stack.api_task, 10)
 
 
 async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:

@@ -10,6 +10,7 @@ The high-level ``SvcClient`` builds on this; benchmarks and tests use it directl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from typing import Any
 
@@ -142,9 +143,7 @@ class RelayConnection:
             self._call.cancel()
         if self._reader is not None:
             self._reader.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-            except asyncio.CancelledError:
-                pass
         if self._channel is not None:
             await self._channel.close()

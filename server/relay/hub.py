@@ -57,7 +57,8 @@ class Outbox:
         oldest: float | None = None
         if self._deliveries:
             oldest = self._deliveries[0].stored_at
-            items, size = [], 0
+            items: list[pb.Delivery] = []
+            size = 0
             while self._deliveries and len(items) < MAX_BATCH and size < MAX_BATCH_BYTES:
                 e = self._deliveries.popleft()
                 size += len(e.message)

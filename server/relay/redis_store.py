@@ -82,8 +82,9 @@ class RedisLogStore:
     def __init__(self, url: str, retention_seconds: int = 7 * 86_400) -> None:
         self._url = url
         self._retention = retention_seconds
-        self._redis: aioredis.Redis | None = None
-        self._follow_conn: aioredis.Redis | None = None
+        # redis-py types replies as unions of bytes and str; ours are always bytes.
+        self._redis: Any = None
+        self._follow_conn: Any = None
         self._sink: EntrySink = lambda entries, welcomes: None
         self._watched: dict[str, bytes] = {}  # channel -> last stream id handed to the sink
         self._wake_key = f"svc:wake:{os.getpid()}:{id(self)}"
@@ -95,12 +96,14 @@ class RedisLogStore:
         self._sink = sink
 
     @property
-    def redis(self) -> aioredis.Redis:
+    def redis(self) -> Any:
         assert self._redis is not None, "store not started"
         return self._redis
 
     async def start(self) -> None:
-        self._redis = aioredis.from_url(self._url)
+        # A blocking pool: a burst of requests waits for a connection instead of failing.
+        pool = aioredis.BlockingConnectionPool.from_url(self._url, max_connections=64, timeout=10)
+        self._redis = aioredis.Redis(connection_pool=pool)
         self._follow_conn = aioredis.from_url(self._url)
         await self._redis.ping()
         self._append = self._redis.register_script(APPEND)

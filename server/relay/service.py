@@ -32,9 +32,10 @@ MAX_IDENTITY = 1024
 def parse_frame(data: bytes) -> pb.ClientFrame | None:
     """Never raises: a frame that does not parse becomes None and gets an error reply."""
     try:
-        return pb.ClientFrame.FromString(data)
+        frame: pb.ClientFrame = pb.ClientFrame.FromString(data)
     except DecodeError:
         return None
+    return frame
 
 
 class Relay:
@@ -111,7 +112,11 @@ class Relay:
         reader = asyncio.create_task(self._read(session, requests))
         expiry = asyncio.create_task(session.expire_token())
         try:
-            await session.send_pending_welcomes()
+            try:
+                await session.send_pending_welcomes()
+            except Exception:
+                log.exception("loading pending Welcomes failed")
+                session.close(grpc.StatusCode.UNAVAILABLE, "relay backend unavailable; reconnect")
             await self._write(session, context)
         finally:
             reader.cancel()

@@ -19,22 +19,6 @@ from ..support import PostgresServer, RunningApi, run_api
 _counter = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer | None]:
-    try:
-        server = PostgresServer()
-    except FileNotFoundError:
-        if os.environ.get("CI"):
-            raise  # CI installs PostgreSQL; its absence there is a failure, not a skip
-        yield None
-        return
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":

@@ -1,0 +1,206 @@
+"""Stream authentication, token expiry and refresh, slow subscribers, retention, health."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import grpc
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.relay_client import RelayConnection
+from svc_server.stack import Stack, start_stack, stop_stack
+
+from .conftest import Account
+from .test_relay import CHANNEL, engine_group_message
+
+_large: dict[int, bytes] = {}
+
+
+def large_group_message(size: int) -> bytes:
+    if size not in _large:
+        import tempfile
+        from pathlib import Path
+
+        from .helpers import engine
+
+        group = engine(Path(tempfile.mkdtemp()), "big").create_group(CHANNEL.encode())
+        _large[size] = group.encrypt(b"\x00" * size)
+    return _large[size]
+
+
+pytestmark = pytest.mark.anyio
+
+
+def forge(stack: Stack, account: Account, *, key: Any = None, **claims: Any) -> str:
+    services = stack.api.config.app.state.services
+    real = services.signer.get()
+    now = int(time.time())
+    body = {
+        "sub": account.account_id,
+        "plan": "free",
+        "iss": "svc-api",
+        "aud": "svc-relay",
+        "iat": now,
+        "exp": now + 300,
+        "jti": uuid.uuid4().hex,
+    }
+    body.update(claims)
+    return jwt.encode(body, key or real.private_key, algorithm="EdDSA", headers={"kid": real.kid})
+
+
+async def open_status(stack: Stack, token: str, identity: bytes = b"x") -> grpc.StatusCode:
+    conn = RelayConnection(stack.relay_url, token, identity)
+    await conn.open()
+    try:
+        await conn.request(create=pb.CreateChannel(channel=CHANNEL), timeout=10)
+    except grpc.aio.AioRpcError as exc:
+        return exc.code()
+    except ConnectionError:
+        assert conn.closed is not None
+        error = await conn.closed
+        return error.code() if error is not None else grpc.StatusCode.OK
+    finally:
+        await conn.close()
+    return grpc.StatusCode.OK
+
+
+@pytest.mark.parametrize(
+    ("claims", "reason"),
+    [
+        ({"exp": int(time.time()) - 600}, "expired"),
+        ({"aud": "someone-else"}, "audience"),
+        ({"iss": "impostor"}, "issuer"),
+    ],
+)
+async def test_bad_tokens_are_refused_at_once(
+    stack: Stack, account: Account, claims: dict[str, Any], reason: str
+) -> None:
+    assert (
+        await open_status(stack, forge(stack, account, **claims)) == grpc.StatusCode.UNAUTHENTICATED
+    )
+
+
+async def test_forged_missing_and_garbage_tokens(stack: Stack, account: Account) -> None:
+    forged = forge(stack, account, key=Ed25519PrivateKey.generate())
+    for token in (forged, "", "not-a-jwt"):
+        assert await open_status(stack, token) == grpc.StatusCode.UNAUTHENTICATED
+    assert (
+        await open_status(stack, await account.token(), identity=b"")
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
+async def test_token_of_a_revoked_key_stays_valid_until_exp(stack: Stack, account: Account) -> None:
+    import httpx
+
+    token = await account.token()
+    async with httpx.AsyncClient(base_url=stack.api_url) as http:
+        auth = {"Authorization": f"Bearer {account.key}"}
+        spare = (await http.post("/v1/keys", headers=auth)).json()
+        keys = (await http.get("/v1/keys", headers=auth)).json()["keys"]
+        original = next(k["id"] for k in keys if k["id"] != spare["id"])
+        await http.delete(
+            f"/v1/keys/{original}", headers={"Authorization": f"Bearer {spare['key']}"}
+        )
+    assert await open_status(stack, token) == grpc.StatusCode.OK  # spec 3.1
+
+
+async def test_stream_closes_when_token_expires_and_refresh_extends(
+    stack: Stack, account: Account
+) -> None:
+    short = forge(stack, account, exp=int(time.time()) + 2)
+    conn = RelayConnection(stack.relay_url, short, b"short-lived")
+    await conn.open()
+    await conn.request(create=pb.CreateChannel(channel=CHANNEL))
+    assert conn.closed is not None
+    error = await asyncio.wait_for(conn.closed, 10)
+    assert error is not None and error.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert "token expired" in (error.details() or "")
+    await conn.close()
+
+    refreshed = RelayConnection(
+        stack.relay_url, forge(stack, account, exp=int(time.time()) + 2), b"refresher"
+    )
+    await refreshed.open()
+    await refreshed.request(refresh=pb.Refresh(token=await account.token()))
+    await asyncio.sleep(3)
+    assert (await refreshed.request(create=pb.CreateChannel(channel=CHANNEL))).code == 0
+    other = forge(stack, account, sub=str(uuid.uuid4()))
+    reply = await refreshed.request(check=False, refresh=pb.Refresh(token=other))
+    assert reply.code == grpc.StatusCode.UNAUTHENTICATED.value[0]
+    await refreshed.close()
+
+
+async def test_slow_subscriber_never_stalls_the_others(
+    make_relay_settings: Any, tmp_path: Any
+) -> None:
+    stack = await start_stack(make_relay_settings(subscriber_buffer=16), api_port=0, relay_port=0)
+    try:
+        from .conftest import new_account
+
+        account = await new_account(stack.api_url, "fanout@example.com")
+        token = await account.token()
+        sender = RelayConnection(stack.relay_url, token, b"sender")
+        fast = RelayConnection(stack.relay_url, token, b"fast")
+        for c in (sender, fast):
+            await c.open()
+        await sender.request(create=pb.CreateChannel(channel=CHANNEL))
+        await fast.request(subscribe=pb.Subscribe(channel=CHANNEL))
+        # A subscriber that never reads its stream.
+        channel = grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://"))
+        stuck = channel.stream_stream(
+            "/svc.relay.v1.Relay/Connect",
+            request_serializer=pb.ClientFrame.SerializeToString,
+            response_deserializer=pb.ServerFrame.FromString,
+        )(metadata=(("authorization", f"Bearer {token}"), ("svc-identity", b"stuck".hex())))
+        await stuck.write(pb.ClientFrame(request_id=1, subscribe=pb.Subscribe(channel=CHANNEL)))
+        # 64 KiB messages: far more than gRPC's flow-control windows hold for the stuck one.
+        big = large_group_message(64 * 1024)
+        count = 300
+        for _ in range(count):
+            await sender.request(publish=pb.Publish(channel=CHANNEL, message=big))
+        got = [await asyncio.wait_for(fast.deliveries.get(), 10) for _ in range(count)]
+        assert [d.seq for d in got] == list(range(1, count + 1))
+        # The stuck one is told to resume from its cursor once it reads again.
+        kinds = []
+        while "lagged" not in kinds:
+            frame = await asyncio.wait_for(stuck.read(), 10)
+            kinds.append(frame.WhichOneof("kind"))
+        assert kinds.count("deliveries") < count
+        metrics = stack.relay.relay.metrics
+        assert metrics.deliveries._value.get() >= count
+        await channel.close()
+        await sender.close()
+        await fast.close()
+    finally:
+        await stop_stack(stack)
+
+
+async def test_cursor_behind_retention_is_a_clear_error(stack: Stack, account: Account) -> None:
+    conn = RelayConnection(stack.relay_url, await account.token(), b"old")
+    await conn.open()
+    await conn.request(create=pb.CreateChannel(channel=CHANNEL))
+    for _ in range(3):
+        await conn.request(publish=pb.Publish(channel=CHANNEL, message=engine_group_message(stack)))
+    await stack.relay.relay.store.trim(time.time() + 1)  # as if retention had passed
+    reply = await conn.request(check=False, subscribe=pb.Subscribe(channel=CHANNEL, after_seq=0))
+    assert reply.code == grpc.StatusCode.OUT_OF_RANGE.value[0]
+    assert "removed by retention" in reply.message
+    ok = await conn.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=3))
+    assert ok.head_seq == 3
+    await conn.close()
+
+
+async def test_health_service(stack: Stack) -> None:
+    async with grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://")) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "svc.relay.v1.Relay"):
+            response = await stub.Check(health_pb2.HealthCheckRequest(service=service))
+            assert response.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,253 @@
+"""The relay as real processes: killed with SIGKILL and restarted, two relay processes
+sharing Redis, and `svc up` starting and stopping."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from svc_sdk.relay_client import RelayConnection
+
+from ..support import PostgresServer, RedisServer, free_port
+from .helpers import Member, engine
+
+pytestmark = pytest.mark.anyio
+CHANNEL = "acme/ops/alerts"
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "svc_sdk.cli", *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_http(url: str, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise AssertionError(f"{url} did not come up")
+
+
+async def wait_grpc(target: str, proc: subprocess.Popen[str]) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        async with grpc.aio.insecure_channel(target) as channel:
+            try:
+                response = await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service="svc.relay.v1.Relay"), timeout=1
+                )
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"relay {target} did not come up")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def signup(api_url: str, email: str) -> tuple[str, str]:
+    body = httpx.post(f"{api_url}/v1/accounts", json={"email": email}).json()
+    key = body["api_key"]["key"]
+    token = httpx.post(f"{api_url}/v1/tokens", headers={"Authorization": f"Bearer {key}"}).json()[
+        "token"
+    ]
+    return key, token
+
+
+@pytest.fixture
+def up_ports(tmp_path: Path) -> tuple[int, int, Path]:
+    return free_port(), free_port(), tmp_path / "server"
+
+
+async def test_relay_killed_and_restarted_loses_nothing(
+    up_ports: tuple[int, int, Path], tmp_path: Path
+) -> None:
+    api_port, relay_port, data_dir = up_ports
+    args = [
+        "up",
+        "--api-port",
+        str(api_port),
+        "--relay-port",
+        str(relay_port),
+        "--data-dir",
+        str(data_dir),
+    ]
+    proc = start(args)
+    api_url, relay_url = f"http://127.0.0.1:{api_port}", f"127.0.0.1:{relay_port}"
+    try:
+        wait_http(api_url, proc)
+        _, token = signup(api_url, "ops@example.com")
+        alice = Member(
+            "alice", engine(tmp_path, "alice"), RelayConnection(relay_url, token, b"alice")
+        )
+        bob = Member("bob", engine(tmp_path, "bob"), RelayConnection(relay_url, token, b"bob"))
+        await alice.conn.open()
+        await bob.conn.open()
+        await alice.create(CHANNEL)
+        await alice.add(CHANNEL, bob)
+        await bob.join(CHANNEL)
+        for i in range(10):
+            await alice.send(CHANNEL, f"before {i}")
+        for _ in range(4):
+            await bob.next()
+        # Every acknowledged message is durable: kill without any chance to flush.
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        await alice.conn.close()
+        await bob.conn.close()
+        proc = start(args)
+        wait_http(api_url, proc)
+        alice.conn = RelayConnection(relay_url, token, b"alice")
+        bob.conn = RelayConnection(relay_url, token, b"bob")
+        await alice.conn.open()
+        await bob.conn.open()
+        await alice.subscribe(CHANNEL)
+        # Bob resumes from his cursor: the six he had not read, then new ones.
+        await bob.subscribe(CHANNEL)
+        for i in range(3):
+            await alice.send(CHANNEL, f"after {i}")
+        for _ in range(9):
+            await bob.next()
+        assert bob.received == [f"before {i}".encode() for i in range(10)] + [
+            f"after {i}".encode() for i in range(3)
+        ]
+        await asyncio.sleep(0.2)
+        assert bob.conn.deliveries.empty(), "no duplicates"
+        await alice.conn.close()
+        await bob.conn.close()
+    finally:
+        stop(proc)
+
+
+async def test_two_relays_share_one_channel_through_redis(
+    tmp_path: Path, postgres: PostgresServer | None, redis_server: RedisServer | None
+) -> None:
+    if redis_server is None:
+        pytest.skip("no redis-server on this machine")
+    redis_server.flush()
+    database = (
+        postgres.create_database(f"relay_{os.getpid()}_{time.monotonic_ns()}")
+        if postgres is not None
+        else f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    )
+    data_dir = str(tmp_path / "server")
+    api_port, a_port, b_port = free_port(), free_port(), free_port()
+    api_url = f"http://127.0.0.1:{api_port}"
+    common = ["--data-dir", data_dir, "--database-url", database]
+    api = start(["api", "--port", str(api_port), *common])
+    relays: list[subprocess.Popen[str]] = []
+    try:
+        wait_http(api_url, api)
+        for port in (a_port, b_port):
+            relays.append(
+                start(
+                    [
+                        "relay",
+                        "--port",
+                        str(port),
+                        "--redis-url",
+                        redis_server.url,
+                        "--api-url",
+                        api_url,
+                        *common,
+                    ]
+                )
+            )
+        for port, proc in zip((a_port, b_port), relays, strict=True):
+            await wait_grpc(f"127.0.0.1:{port}", proc)
+        _, token = signup(api_url, "scale@example.com")
+        alice = Member(
+            "alice",
+            engine(tmp_path, "alice"),
+            RelayConnection(f"127.0.0.1:{a_port}", token, b"alice"),
+        )
+        bob = Member(
+            "bob", engine(tmp_path, "bob"), RelayConnection(f"127.0.0.1:{b_port}", token, b"bob")
+        )
+        await alice.conn.open()
+        await bob.conn.open()
+        await alice.create(CHANNEL)
+        await alice.add(CHANNEL, bob)
+        await bob.join(CHANNEL)  # the Welcome crossed from relay A to relay B
+        for i in range(20):
+            await alice.send(CHANNEL, f"a{i}")
+        for i in range(5):
+            await bob.send(CHANNEL, f"b{i}")
+        for _ in range(20):
+            await bob.next()
+        for _ in range(5):
+            await alice.next()
+        assert bob.received == [f"a{i}".encode() for i in range(20)]
+        assert alice.received == [f"b{i}".encode() for i in range(5)]
+        # Relay A dies; alice moves to relay B and resumes without loss.
+        relays[0].kill()
+        relays[0].wait()
+        await alice.conn.close()
+        alice.conn = RelayConnection(f"127.0.0.1:{b_port}", token, b"alice")
+        await alice.conn.open()
+        await alice.subscribe(CHANNEL)
+        await bob.send(CHANNEL, "after failover")
+        await alice.next()
+        assert alice.received[-1] == b"after failover"
+        await alice.conn.close()
+        await bob.conn.close()
+    finally:
+        for proc in [*relays, api]:
+            stop(proc)
+
+
+def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, Path]) -> None:
+    api_port, relay_port, data_dir = up_ports
+    proc = start(
+        [
+            "up",
+            "--api-port",
+            str(api_port),
+            "--relay-port",
+            str(relay_port),
+            "--data-dir",
+            str(data_dir),
+        ]
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{api_port}", proc)
+        metrics = httpx.get(f"http://127.0.0.1:{api_port}/metrics/", timeout=5).text
+        assert "svc_relay_connected_streams" in metrics
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    assert f"svc account API  http://127.0.0.1:{api_port}" in out
+    assert f"svc relay        http://127.0.0.1:{relay_port}" in out
+    assert out.rstrip().endswith("stopped")

@@ -1,0 +1,277 @@
+"""The relay through real gRPC, with MLS members on both sides: ordering, commits,
+Welcomes, catch-up, authorization. Each test runs on the SQLite and the Redis log."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.relay_client import RelayConnection
+from svc_server.stack import Stack
+
+from .conftest import Account, connect, new_account
+from .helpers import Member, engine
+
+pytestmark = pytest.mark.anyio
+CHANNEL = "acme/support/triage"
+STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+async def member(stack: Stack, account: Account, root: Path, name: str) -> Member:
+    return Member(name, engine(root, name), await connect(stack, account, name.encode()))
+
+
+async def pair(stack: Stack, account: Account, root: Path) -> tuple[Member, Member]:
+    alice = await member(stack, account, root, "alice")
+    bob = await member(stack, account, root, "bob")
+    await alice.create(CHANNEL)
+    await alice.add(CHANNEL, bob)
+    await bob.join(CHANNEL)
+    return alice, bob
+
+
+async def close(*members: Member) -> None:
+    for m in members:
+        await m.conn.close()
+
+
+async def test_messages_flow_in_one_order(stack: Stack, account: Account, tmp_path: Path) -> None:
+    alice, bob = await pair(stack, account, tmp_path)
+    carol = await member(stack, account, tmp_path, "carol")
+    await alice.add(CHANNEL, carol)
+    await bob.next()  # the commit adding carol
+    await carol.join(CHANNEL)
+    seqs = [await alice.send(CHANNEL, f"a{i}") for i in range(5)]
+    seqs += [await bob.send(CHANNEL, f"b{i}") for i in range(5)]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 10
+    for _ in range(10):
+        await carol.next()
+    assert carol.received == [f"a{i}".encode() for i in range(5)] + [
+        f"b{i}".encode() for i in range(5)
+    ]
+    # Own messages are not echoed: bob sees only alice's five.
+    for _ in range(5):
+        await bob.next()
+    assert bob.received == [f"a{i}".encode() for i in range(5)]
+    assert bob.conn.deliveries.empty()
+    await close(alice, bob, carol)
+
+
+async def test_concurrent_commits_one_wins(stack: Stack, account: Account, tmp_path: Path) -> None:
+    alice, bob = await pair(stack, account, tmp_path)
+    assert alice.group and bob.group
+    a_commit = alice.group.self_update()
+    b_commit = bob.group.self_update()
+    frames = [
+        m.conn.request(
+            check=False, commit=pb.Commit(channel=CHANNEL, epoch=c.epoch, commit=c.commit)
+        )
+        for m, c in ((alice, a_commit), (bob, b_commit))
+    ]
+    replies = await asyncio.gather(*frames)
+    codes = sorted(r.code for r in replies)
+    assert codes == [0, STALE], replies
+    winner, loser = (alice, bob) if replies[0].code == 0 else (bob, alice)
+    rejected = replies[1] if winner is alice else replies[0]
+    assert rejected.epoch == 2, "the rejection names the current epoch"
+    assert "stale epoch" in rejected.message
+    winner.group.apply_pending_commit()  # type: ignore[union-attr]
+    loser.group.clear_pending_commit()  # type: ignore[union-attr]
+    await loser.next()  # the winning commit, delivered in order
+    retry = loser.group.self_update()  # type: ignore[union-attr]
+    reply = await loser.conn.request(
+        commit=pb.Commit(channel=CHANNEL, epoch=retry.epoch, commit=retry.commit)
+    )
+    loser.group.apply_pending_commit()  # type: ignore[union-attr]
+    assert reply.epoch == 3
+    await winner.next()
+    assert alice.group.epoch == bob.group.epoch == 3
+    await alice.send(CHANNEL, "after the race")
+    await bob.send(CHANNEL, "me too")
+    await bob.next()
+    await alice.next()
+    assert bob.received[-1] == b"after the race" and alice.received[-1] == b"me too"
+    await close(alice, bob)
+
+
+async def test_rejected_commit_welcome_is_never_delivered(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    alice, bob = await pair(stack, account, tmp_path)
+    dave = await member(stack, account, tmp_path, "dave")
+    assert alice.group and bob.group
+    # Bob's commit wins; alice's commit (which adds dave) is rejected.
+    b_commit = bob.group.self_update()
+    await bob.conn.request(
+        commit=pb.Commit(channel=CHANNEL, epoch=b_commit.epoch, commit=b_commit.commit)
+    )
+    pending = alice.group.add_members([dave.engine.generate_key_package()])
+    rejected = await alice.conn.request(
+        check=False,
+        commit=pb.Commit(
+            channel=CHANNEL,
+            epoch=pending.epoch,
+            commit=pending.commit,
+            welcome=pending.welcome or b"",
+            joiners=[b"dave"],
+        ),
+    )
+    assert rejected.code == STALE
+    await asyncio.sleep(0.3)
+    assert dave.conn.welcomes.empty()
+    await close(alice, bob, dave)
+
+
+async def test_offline_member_catches_up(stack: Stack, account: Account, tmp_path: Path) -> None:
+    alice, bob = await pair(stack, account, tmp_path)
+    await bob.conn.close()
+    for i in range(40):
+        await alice.send(CHANNEL, f"while away {i}")
+    bob.conn = await connect(stack, account, b"bob")
+    reply = await bob.subscribe(CHANNEL)
+    assert reply.head_seq == bob.cursor + 40
+    for _ in range(40):
+        await bob.next()
+    assert bob.received == [f"while away {i}".encode() for i in range(40)]
+    await alice.send(CHANNEL, "live again")
+    await bob.next()
+    assert bob.received[-1] == b"live again"
+    await asyncio.sleep(0.2)
+    assert bob.conn.deliveries.empty(), "no duplicates"
+    await close(alice, bob)
+
+
+async def test_other_accounts_are_denied_until_admitted(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    alice, bob = await pair(stack, account, tmp_path)
+    outsider = await new_account(stack.api_url, "mallory@example.com")
+    mallory = await member(stack, outsider, tmp_path, "mallory")
+    errors = []
+    for frame in (
+        {"subscribe": pb.Subscribe(channel=CHANNEL)},
+        {"subscribe": pb.Subscribe(channel="acme/support/nonexistent")},
+        {"publish": pb.Publish(channel=CHANNEL, message=b"x")},
+        {"create": pb.CreateChannel(channel=CHANNEL)},
+        {"admit": pb.Admit(channel=CHANNEL, account_id=outsider.account_id)},
+    ):
+        reply = await mallory.conn.request(check=False, **frame)
+        assert reply.code == DENIED, (frame, reply)
+        errors.append(reply.message.replace("nonexistent", "triage"))
+    assert len(set(errors)) == 1, "an existing channel and a missing one look the same"
+    await alice.conn.request(admit=pb.Admit(channel=CHANNEL, account_id=outsider.account_id))
+    assert (await mallory.conn.request(subscribe=pb.Subscribe(channel=CHANNEL))).code == 0
+    await close(alice, bob, mallory)
+
+
+async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_path: Path) -> None:
+    alice, bob = await pair(stack, account, tmp_path)
+    assert alice.group
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"create": pb.CreateChannel(channel="no-slashes")}, "invalid channel name"),
+        ({"subscribe": pb.Subscribe(channel="a/b/c/d")}, "invalid channel name"),
+        ({"publish": pb.Publish(channel=CHANNEL, message=b"garbage")}, "malformed MLS message"),
+        (
+            {"publish": pb.Publish(channel=CHANNEL, message=b"x" * (1024 * 1024 + 1))},
+            "the limit is 1048576",
+        ),
+        (
+            {"publish": pb.Publish(channel=CHANNEL, message=alice.group.self_update().commit)},
+            "send commits with Commit",
+        ),
+        (
+            {"commit": pb.Commit(channel=CHANNEL, epoch=1, commit=alice.group.encrypt(b"x"))},
+            "takes an MLS commit",
+        ),
+        ({"admit": pb.Admit(channel=CHANNEL, account_id="not-a-uuid")}, "not a UUID"),
+    ]
+    alice.group.clear_pending_commit()
+    other = engine(tmp_path, "zed").create_group(b"other/group/id")
+    cases.append(
+        ({"publish": pb.Publish(channel=CHANNEL, message=other.encrypt(b"x"))}, "another group")
+    )
+    for frame, message in cases:
+        reply = await alice.conn.request(check=False, **frame)
+        assert reply.code == INVALID and message in reply.message, (frame.keys(), reply)
+    # The stream is still fine.
+    await alice.send(CHANNEL, "still here")
+    await bob.next()
+    assert bob.received == [b"still here"]
+    await close(alice, bob)
+
+
+async def test_frames_that_do_not_parse(stack: Stack, account: Account) -> None:
+    channel = grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://"))
+    call = channel.stream_stream(
+        "/svc.relay.v1.Relay/Connect",
+        request_serializer=lambda b: b,
+        response_deserializer=pb.ServerFrame.FromString,
+    )(
+        metadata=(
+            ("authorization", f"Bearer {await account.token()}"),
+            ("svc-identity", b"raw".hex()),
+        )
+    )
+    await call.write(b"\xff\xff\xff\xff not protobuf")
+    reply = (await call.read()).reply
+    assert reply.code == INVALID and "malformed frame" in reply.message
+    await call.write(pb.ClientFrame(request_id=0).SerializeToString())
+    assert "non-zero request_id" in (await call.read()).reply.message
+    await call.write(
+        pb.ClientFrame(request_id=5, create=pb.CreateChannel(channel="a/b/c")).SerializeToString()
+    )
+    assert (await call.read()).reply.code == 0
+    # A frame beyond the transport limit ends the stream with a gRPC status.
+    await call.write(
+        pb.ClientFrame(
+            request_id=6, publish=pb.Publish(channel="a/b/c", message=b"x" * (2 * 1024 * 1024))
+        ).SerializeToString()
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    await channel.close()
+
+
+async def test_many_concurrent_streams(stack: Stack, account: Account) -> None:
+    token = await account.token()
+    conns = [RelayConnection(stack.relay_url, token, f"agent-{i}".encode()) for i in range(200)]
+    await asyncio.gather(*(c.open() for c in conns))
+    await conns[0].request(create=pb.CreateChannel(channel=CHANNEL))
+    await asyncio.gather(*(c.request(subscribe=pb.Subscribe(channel=CHANNEL)) for c in conns[1:]))
+    # Raw subscribers: the relay does not decrypt, so any well-framed message will do.
+    sender = engine_group_message(stack)
+    await conns[0].request(publish=pb.Publish(channel=CHANNEL, message=sender))
+    got = await asyncio.gather(*(asyncio.wait_for(c.deliveries.get(), 20) for c in conns[1:]))
+    assert {d.seq for d in got} == {1} and len(got) == 199
+    await asyncio.gather(*(c.close() for c in conns))
+
+
+_group_cache: dict[str, bytes] = {}
+
+
+def engine_group_message(stack: Stack) -> bytes:
+    if "m" not in _group_cache:
+        import tempfile
+
+        group = engine(Path(tempfile.mkdtemp()), "sender").create_group(CHANNEL.encode())
+        _group_cache["m"] = group.encrypt(b"hello, everyone")
+    return _group_cache["m"]
+
+
+async def test_relay_sees_only_ciphertext(stack: Stack, account: Account, tmp_path: Path) -> None:
+    alice, bob = await pair(stack, account, tmp_path)
+    secret = b"the launch code is 0000"
+    await alice.send(CHANNEL, secret.decode())
+    await bob.next()
+    for path in (tmp_path / "server").rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_bytes(), path
+    await close(alice, bob)
