@@ -53,6 +53,7 @@ class RelayConnection:
         identity: bytes,
         *,
         options: list[tuple[str, Any]] | None = None,
+        channel: grpc.aio.Channel | None = None,
     ) -> None:
         self.target = target_of(endpoint)
         self.identity = identity
@@ -68,7 +69,9 @@ class RelayConnection:
         self.welcomes: asyncio.Queue[pb.Welcome] = asyncio.Queue()
         self.lagged: asyncio.Queue[str] = asyncio.Queue()
         self.closed: asyncio.Future[grpc.RpcError | None] | None = None
-        self._channel: grpc.aio.Channel | None = None
+        # A shared channel (several streams over one HTTP/2 connection) stays open on close.
+        self._shared = channel
+        self._channel: grpc.aio.Channel | None = channel
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
 
@@ -81,7 +84,9 @@ class RelayConnection:
 
     async def open(self) -> None:
         self.closed = asyncio.get_running_loop().create_future()
-        self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        if self._shared is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+        assert self._channel is not None
         stream = self._channel.stream_stream(
             METHOD,
             request_serializer=pb.ClientFrame.SerializeToString,
@@ -145,5 +150,5 @@ class RelayConnection:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
-        if self._channel is not None:
+        if self._channel is not None and self._shared is None:
             await self._channel.close()

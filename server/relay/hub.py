@@ -15,67 +15,96 @@ MAX_BATCH = 256
 MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_item(entry: Entry) -> bytes:
+    """One Delivery, already framed as a ``Deliveries.items`` field (tag 1, length
+    delimited). Encoded once per stored message and shared by every subscriber."""
+    body: bytes = pb.Delivery(
+        channel=entry.channel,
+        seq=entry.seq,
+        message=entry.message,
+        sender=entry.sender,
+        handshake=entry.handshake,
+        epoch=entry.epoch,
+    ).SerializeToString()
+    return b"\x0a" + _varint(len(body)) + body
+
+
+def deliveries_frame(items: list[bytes]) -> bytes:
+    """A serialized ``ServerFrame{deliveries}`` (field 2) from pre-encoded items."""
+    body = b"".join(items)
+    return b"\x12" + _varint(len(body)) + body
+
+
 class Outbox:
     """Frames waiting to be written to one stream. Deliveries are bounded (a subscriber
     over the bound is told it lagged); replies to the client's own requests are not."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._deliveries: deque[Entry] = deque()
-        self._controls: deque[pb.ServerFrame] = deque()
+        self._deliveries: deque[tuple[bytes, float]] = deque()
+        self._controls: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self._deliveries)
 
-    def offer(self, entry: Entry) -> bool:
+    def close(self) -> None:
+        """Wakes the writer so it can see the stream is ending."""
+        self.closed = True
+        self._wake.set()
+
+    def offer(self, item: bytes, stored_at: float) -> bool:
         if len(self._deliveries) >= self.limit:
             return False
-        self._deliveries.append(entry)
+        self._deliveries.append((item, stored_at))
         if len(self._deliveries) >= self.limit // 2:
             self._room.clear()
         self._wake.set()
         return True
 
     def control(self, frame: pb.ServerFrame) -> None:
-        self._controls.append(frame)
+        self._controls.append(frame.SerializeToString())
         self._wake.set()
 
     async def wait_for_room(self) -> None:
         await self._room.wait()
 
-    async def next_frames(self) -> tuple[list[pb.ServerFrame], float | None]:
-        """Waits for something to send; returns replies first, then one batch of
-        deliveries (many messages in one frame), with the time its oldest was stored."""
+    async def next_frames(self) -> tuple[list[bytes], int, float | None]:
+        """Waits for something to send; returns serialized frames (replies first, then
+        one batch of deliveries), how many deliveries, and when the oldest was stored."""
         while not self._controls and not self._deliveries:
+            if self.closed:
+                return [], 0, None
             self._wake.clear()
             await self._wake.wait()
         frames = list(self._controls)
         self._controls.clear()
-        oldest: float | None = None
+        count, oldest = 0, None
         if self._deliveries:
-            oldest = self._deliveries[0].stored_at
-            items: list[pb.Delivery] = []
+            oldest = self._deliveries[0][1]
+            items: list[bytes] = []
             size = 0
             while self._deliveries and len(items) < MAX_BATCH and size < MAX_BATCH_BYTES:
-                e = self._deliveries.popleft()
-                size += len(e.message)
-                items.append(
-                    pb.Delivery(
-                        channel=e.channel,
-                        seq=e.seq,
-                        message=e.message,
-                        sender=e.sender,
-                        handshake=e.handshake,
-                        epoch=e.epoch,
-                    )
-                )
-            frames.append(pb.ServerFrame(deliveries=pb.Deliveries(items=items)))
+                item, _ = self._deliveries.popleft()
+                size += len(item)
+                items.append(item)
+            frames.append(deliveries_frame(items))
+            count = len(items)
             if len(self._deliveries) < self.limit // 2:
                 self._room.set()
-        return frames, oldest
+        return frames, count, oldest
 
 
 class Subscription:
@@ -89,10 +118,10 @@ class Subscription:
         self.outbox = outbox
         self.last = after
         self.catching_up = True
-        self.held: list[Entry] = []
+        self.held: list[tuple[Entry, bytes]] = []
         self.active = True
 
-    def deliver(self, entry: Entry) -> None:
+    def deliver(self, entry: Entry, item: bytes | None = None) -> None:
         if not self.active or entry.seq <= self.last:
             return
         if entry.seq != self.last + 1:
@@ -101,22 +130,22 @@ class Subscription:
         self.last = entry.seq
         if entry.sender == self.identity:
             return  # an agent's own messages are not echoed back to it
-        if not self.outbox.offer(entry):
+        if not self.outbox.offer(item or encode_item(entry), entry.stored_at):
             self.lag()
 
-    def offer_live(self, entry: Entry) -> None:
+    def offer_live(self, entry: Entry, item: bytes) -> None:
         if self.catching_up:
-            self.held.append(entry)
+            self.held.append((entry, item))
             if len(self.held) > self.outbox.limit:
                 self.lag()
         else:
-            self.deliver(entry)
+            self.deliver(entry, item)
 
     def go_live(self) -> None:
         self.catching_up = False
         held, self.held = self.held, []
-        for entry in held:
-            self.deliver(entry)
+        for entry, item in held:
+            self.deliver(entry, item)
 
     def lag(self) -> None:
         """Too far behind: stop live delivery and tell the client to resume from its cursor."""
@@ -164,8 +193,11 @@ class Hub:
     def publish(self, entries: Sequence[Entry], welcomes: Sequence[WelcomeEntry]) -> None:
         """Called with newly stored entries, in sequence order."""
         for entry in entries:
-            for sub in list(self._subs.get(entry.channel, ())):
-                sub.offer_live(entry)
+            subs = self._subs.get(entry.channel)
+            if subs:
+                item = encode_item(entry)
+                for sub in list(subs):
+                    sub.offer_live(entry, item)
         for w in welcomes:
             for outbox in self._by_identity.get(w.recipient, ()):
                 outbox.control(welcome_frame(w))

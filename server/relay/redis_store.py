@@ -91,6 +91,10 @@ class RedisLogStore:
         self._follower: asyncio.Task[None] | None = None
         self._append: Any = None
         self._commit: Any = None
+        self._appends: asyncio.Queue[tuple[str, bytes, bytes, int, asyncio.Future[Entry]]] = (
+            asyncio.Queue()
+        )
+        self._appender: asyncio.Task[None] | None = None
 
     def set_sink(self, sink: EntrySink) -> None:
         self._sink = sink
@@ -111,12 +115,14 @@ class RedisLogStore:
         last = await self._redis.xrevrange(WELCOME_STREAM, count=1)
         self._welcomes_from = last[0][0] if last else b"0-0"
         self._follower = asyncio.create_task(self._follow())
+        self._appender = asyncio.create_task(self._append_in_order())
 
     async def close(self) -> None:
-        if self._follower is not None:
-            self._follower.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower
+        for task in (self._follower, self._appender):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 await self._redis.delete(self._wake_key)
@@ -128,11 +134,37 @@ class RedisLogStore:
         head, epoch = await self.redis.hmget(_meta(channel), "head", "epoch")
         return int(head or 0), int(epoch or 0)
 
-    async def append(self, channel: str, sender: bytes, message: bytes, epoch: int) -> Entry:
-        now = time.time()
-        args = [sender, epoch, message, repr(now)]
-        seq = int(await self._append(keys=[_meta(channel), _log(channel)], args=args))
-        return Entry(channel, seq, sender, False, epoch, message, now)
+    def append(
+        self, channel: str, sender: bytes, message: bytes, epoch: int
+    ) -> asyncio.Future[Entry]:
+        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
+        self._appends.put_nowait((channel, sender, message, epoch, future))
+        return future
+
+    async def _append_in_order(self) -> None:
+        """Runs queued appends in call order, many per round trip: one pipeline of
+        script calls on one connection keeps their order and amortises the latency."""
+        while True:
+            batch = [await self._appends.get()]
+            while len(batch) < 256 and not self._appends.empty():
+                batch.append(self._appends.get_nowait())
+            now = time.time()
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for channel, sender, message, epoch, _ in batch:
+                        args = [sender, epoch, message, repr(now)]
+                        await self._append(
+                            keys=[_meta(channel), _log(channel)], args=args, client=pipe
+                        )
+                    seqs = await pipe.execute()
+            except Exception as exc:
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (channel, sender, message, epoch, future), seq in zip(batch, seqs, strict=True):
+                if not future.done():
+                    future.set_result(Entry(channel, int(seq), sender, False, epoch, message, now))
 
     async def commit(
         self,

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -18,7 +18,7 @@ from svc_sdk._relay_pb import relay_pb2 as pb
 from ..auth import Claims, InvalidToken
 from ..services.channels import valid_name
 from .hub import Outbox, Subscription, welcome_frame
-from .store import CommitRejected, CursorExpired
+from .store import CommitRejected, CursorExpired, Entry
 
 if TYPE_CHECKING:
     from .service import Relay
@@ -66,6 +66,7 @@ class StreamSession:
         if self.closed is None:
             self.closed = (code, message)
             self.close_event.set()
+            self.outbox.close()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -173,9 +174,20 @@ class StreamSession:
                 INVALID,
                 "Publish takes application messages and proposals; send commits with Commit",
             )
-        entry = await self.relay.store.append(req.channel, self.identity, req.message, epoch or 0)
+        # Queued now, in frame order; the reader goes on to the next frame at once and the
+        # Reply follows when the message is durable (pipelined publishes).
+        stored = self.relay.store.append(req.channel, self.identity, req.message, epoch or 0)
         self.relay.metrics.messages.labels("application").inc()
         self.relay.metrics.bytes.inc(len(req.message))
+        self.spawn(self._reply_when_stored(request_id, stored))
+
+    async def _reply_when_stored(self, request_id: int, stored: Awaitable[Entry]) -> None:
+        try:
+            entry = await stored
+        except Exception:
+            log.exception("storing a message failed")
+            self.reply(request_id, UNAVAILABLE, "relay could not store the message; retry")
+            return
         self.reply(request_id, seq=entry.seq)
 
     async def _on_commit(self, request_id: int, req: pb.Commit) -> None:

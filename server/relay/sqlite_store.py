@@ -156,10 +156,13 @@ class SqliteLogStore:
             else:
                 future.set_result(value)
 
-    async def _write(self, op: Op) -> Any:
+    def _enqueue(self, op: Op) -> asyncio.Future[Any]:
         future: Future[Any] = Future()
         self._queue.put((op, future))
-        return await asyncio.wrap_future(future)
+        return asyncio.wrap_future(future)
+
+    async def _write(self, op: Op) -> Any:
+        return await self._enqueue(op)
 
     @staticmethod
     def _channel_row(conn: sqlite3.Connection, channel: str) -> tuple[int, int]:
@@ -169,7 +172,9 @@ class SqliteLogStore:
         ).fetchone()
         return head, epoch
 
-    async def append(self, channel: str, sender: bytes, message: bytes, epoch: int) -> Entry:
+    def append(
+        self, channel: str, sender: bytes, message: bytes, epoch: int
+    ) -> asyncio.Future[Entry]:
         def op(conn: sqlite3.Connection) -> tuple[Entry, list[Entry], list[WelcomeEntry]]:
             head, _ = self._channel_row(conn, channel)
             entry = Entry(channel, head + 1, sender, False, epoch, message, time.time())
@@ -177,8 +182,7 @@ class SqliteLogStore:
             conn.execute("UPDATE channels SET head_seq = ? WHERE name = ?", (entry.seq, channel))
             return entry, [entry], []
 
-        result: Entry = await self._write(op)
-        return result
+        return self._enqueue(op)
 
     async def commit(
         self,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -66,7 +66,10 @@ class LogStore(Protocol):
         """(newest seq, current epoch); (0, 0) for a channel with no messages yet."""
         ...
 
-    async def append(self, channel: str, sender: bytes, message: bytes, epoch: int) -> Entry: ...
+    def append(self, channel: str, sender: bytes, message: bytes, epoch: int) -> Awaitable[Entry]:
+        """Queues the message for storing *now*, so appends keep the order of the calls
+        even when callers do not wait; the result resolves once the entry is durable."""
+        ...
 
     async def commit(
         self,
