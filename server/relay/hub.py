@@ -152,6 +152,7 @@ class Subscription:
         if self.active:
             self.active = False
             self.hub.remove(self)
+            self.hub.lagged += 1
             self.outbox.control(pb.ServerFrame(lagged=pb.Lagged(channel=self.channel)))
 
 
@@ -159,6 +160,7 @@ class Hub:
     def __init__(self) -> None:
         self._subs: dict[str, set[Subscription]] = {}
         self._by_identity: dict[bytes, set[Outbox]] = {}
+        self.lagged = 0  # subscribers told to resume from their cursor, ever
 
     def add(self, sub: Subscription) -> bool:
         """Registers; True if it is the first local subscription of its channel."""

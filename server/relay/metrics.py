@@ -20,7 +20,7 @@ class RelayMetrics:
         self.commit_rejections = Counter(
             "svc_relay_commit_rejections_total", "Commits for a stale epoch", registry=r
         )
-        self.lagged = Counter(
+        self.lagged = Gauge(
             "svc_relay_lagged_total", "Subscribers told to resume from their cursor", registry=r
         )
         self.delivery_latency = Histogram(

@@ -53,6 +53,7 @@ class Relay:
         self.verify = verify
         self.metrics = metrics or RelayMetrics()
         self.hub = Hub()
+        self.metrics.lagged.set_function(lambda: self.hub.lagged)
         self.store.set_sink(self._stored)
         self._trimmer: asyncio.Task[None] | None = None
 
