@@ -42,13 +42,12 @@ def run_up(args: argparse.Namespace) -> None:
 
 def run_relay(args: argparse.Namespace) -> None:
     import asyncio
-    import contextlib
-    import signal
 
     from prometheus_client import start_http_server
 
     from .relay.metrics import RelayMetrics
     from .relay.server import start_relay
+    from .stack import wait_for_shutdown
 
     async def main() -> None:
         settings = _settings(args)
@@ -57,12 +56,7 @@ def run_relay(args: argparse.Namespace) -> None:
         if args.metrics_port:
             start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
         print(f"svc relay on http://{args.host}:{running.port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await wait_for_shutdown()
         await running.stop()
 
     asyncio.run(main())

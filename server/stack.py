@@ -55,17 +55,22 @@ async def stop_stack(stack: Stack) -> None:
         await asyncio.wait_for(stack.api_task, 10)
 
 
-async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:
-    stack = await start_stack(settings, host, api_port, relay_port)
-    print(f"svc account API  {stack.api_url}", flush=True)
-    print(f"svc relay        {stack.relay_url}", flush=True)
-    print(f"metrics          {stack.api_url}/metrics", flush=True)
-    print("ready; Ctrl-C stops", flush=True)
+async def wait_for_shutdown() -> None:
+    """Returns on SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:
+    stack = await start_stack(settings, host, api_port, relay_port)
+    print(f"svc account API  {stack.api_url}", flush=True)
+    print(f"svc relay        {stack.relay_url}", flush=True)
+    print(f"metrics          {stack.api_url}/metrics", flush=True)
+    print("ready; Ctrl-C stops", flush=True)
+    await wait_for_shutdown()
     await stop_stack(stack)
     print("stopped", flush=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 
 from svc_sdk.mls import Engine
 
-from .support import PostgresServer
+from .support import PostgresServer, optional_server
 
 
 @pytest.fixture
@@ -25,15 +24,5 @@ def make_engine(tmp_path: Path) -> Callable[[str], Engine]:
 
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer | None]:
-    try:
-        server = PostgresServer()
-    except FileNotFoundError:
-        if os.environ.get("CI"):
-            raise  # CI installs PostgreSQL; its absence there is a failure, not a skip
-        yield None
-        return
-    server.start()
-    try:
+    with optional_server(PostgresServer, "postgresql") as server:
         yield server
-    finally:
-        server.stop()

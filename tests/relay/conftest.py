@@ -3,7 +3,6 @@ the channel log in SQLite or in a real redis-server."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from svc_sdk.relay_client import RelayConnection
 from svc_server.config import Settings
 from svc_server.stack import Stack, start_stack, stop_stack
 
-from ..support import RedisServer
+from ..support import RedisServer, optional_server
 
 
 @pytest.fixture
@@ -26,18 +25,8 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer | None]:
-    try:
-        server = RedisServer()
-    except FileNotFoundError:
-        if os.environ.get("CI"):
-            raise  # CI installs redis-server; its absence there is a failure
-        yield None
-        return
-    server.start()
-    try:
+    with optional_server(RedisServer, "redis-server") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(params=["sqlite", "redis"])
