@@ -78,6 +78,10 @@ class Outbox:
         self._controls.append(frame.SerializeToString())
         self._wake.set()
 
+    @property
+    def pending_controls(self) -> int:
+        return len(self._controls)
+
     async def wait_for_room(self) -> None:
         await self._room.wait()
 

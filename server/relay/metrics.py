@@ -17,6 +17,12 @@ class RelayMetrics:
             "svc_relay_deliveries_total", "Messages written to subscriber streams", registry=r
         )
         self.streams = Gauge("svc_relay_connected_streams", "Open agent streams", registry=r)
+        self.streams_ended = Counter(
+            "svc_relay_streams_ended_total",
+            "Streams the relay ended, by status",
+            ["code"],
+            registry=r,
+        )
         self.commit_rejections = Counter(
             "svc_relay_commit_rejections_total", "Commits for a stale epoch", registry=r
         )

@@ -112,19 +112,26 @@ class Relay:
         self.metrics.streams.inc()
         reader = asyncio.create_task(self._read(session, requests))
         expiry = asyncio.create_task(session.expire_token())
+        writer: asyncio.Task[None] | None = None
+        closing = asyncio.create_task(session.close_event.wait())
         try:
             try:
                 await session.send_pending_welcomes()
             except Exception:
                 log.exception("loading pending Welcomes failed")
                 session.close(grpc.StatusCode.UNAVAILABLE, "relay backend unavailable; reconnect")
-            await self._write(session, context)
+            writer = asyncio.create_task(self._write(session, context))
+            # The writer can be stuck in a write to a client that stopped reading; closing
+            # must not wait for it.
+            await asyncio.wait({writer, closing}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            reader.cancel()
-            expiry.cancel()
+            for task in (writer, closing, reader, expiry):
+                if task is not None:
+                    task.cancel()
             session.shutdown()
             self.metrics.streams.dec()
         if session.closed is not None and session.closed[0] != grpc.StatusCode.OK:
+            self.metrics.streams_ended.labels(session.closed[0].name).inc()
             await context.abort(*session.closed)
 
     async def _read(

@@ -33,6 +33,11 @@ EXPIRED_CURSOR = grpc.StatusCode.OUT_OF_RANGE.value[0]
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 CATCH_UP_PAGE = 512
+# Publishes of one stream waiting to be stored; beyond this the stream stops reading
+# frames, and gRPC flow control pushes back on the client.
+MAX_IN_FLIGHT = 1024
+# Replies a client has not read; beyond this it is not reading its stream at all.
+MAX_UNREAD_REPLIES = 10_000
 
 
 class RequestError(Exception):
@@ -59,6 +64,7 @@ class StreamSession:
         self.closed: tuple[grpc.StatusCode, str] | None = None
         self.close_event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -94,6 +100,9 @@ class StreamSession:
     # -- frames ------------------------------------------------------------------------
 
     def reply(self, request_id: int, code: int = OK, message: str = "", **fields: int) -> None:
+        if self.outbox.pending_controls >= MAX_UNREAD_REPLIES:
+            self.close(grpc.StatusCode.RESOURCE_EXHAUSTED, "client is not reading its stream")
+            return
         self.outbox.control(
             pb.ServerFrame(
                 reply=pb.Reply(request_id=request_id, code=code, message=message, **fields)
@@ -176,6 +185,7 @@ class StreamSession:
             )
         # Queued now, in frame order; the reader goes on to the next frame at once and the
         # Reply follows when the message is durable (pipelined publishes).
+        await self._in_flight.acquire()
         stored = self.relay.store.append(req.channel, self.identity, req.message, epoch or 0)
         self.relay.metrics.messages.labels("application").inc()
         self.relay.metrics.bytes.inc(len(req.message))
@@ -188,6 +198,8 @@ class StreamSession:
             log.exception("storing a message failed")
             self.reply(request_id, UNAVAILABLE, "relay could not store the message; retry")
             return
+        finally:
+            self._in_flight.release()
         self.reply(request_id, seq=entry.seq)
 
     async def _on_commit(self, request_id: int, req: pb.Commit) -> None:

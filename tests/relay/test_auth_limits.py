@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -204,3 +205,51 @@ async def test_health_service(stack: Stack) -> None:
         for service in ("", "svc.relay.v1.Relay"):
             response = await stub.Check(health_pb2.HealthCheckRequest(service=service))
             assert response.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_client_that_never_reads_is_cut_off(make_relay_settings: Any) -> None:
+    from svc_server.relay import session as relay_session
+
+    stack = await start_stack(make_relay_settings(), api_port=0, relay_port=0)
+    limit = relay_session.MAX_UNREAD_REPLIES
+    relay_session.MAX_UNREAD_REPLIES = 50
+    try:
+        from .conftest import new_account
+
+        account = await new_account(stack.api_url, "noreader@example.com")
+        channel = grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://"))
+        call = channel.stream_stream(
+            "/svc.relay.v1.Relay/Connect",
+            request_serializer=pb.ClientFrame.SerializeToString,
+            response_deserializer=pb.ServerFrame.FromString,
+        )(
+            metadata=(
+                ("authorization", f"Bearer {await account.token()}"),
+                ("svc-identity", b"n".hex()),
+            )
+        )
+        # Requests whose replies are never read; each reply repeats the 60 KB name, so
+        # gRPC's own buffers cannot absorb them all.
+        name = "a/b/" + "c" * 60_000
+
+        async def flood() -> None:
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                for i in range(2_000):
+                    frame = pb.ClientFrame(request_id=i + 1, subscribe=pb.Subscribe(channel=name))
+                    await call.write(frame)
+
+        writer = asyncio.create_task(flood())
+        # The relay drops the session and its queued replies, although the client, which
+        # is not reading, cannot even receive the status.
+        ended = stack.relay.relay.metrics.streams_ended.labels("RESOURCE_EXHAUSTED")
+        deadline = time.monotonic() + 20
+        while ended._value.get() < 1:
+            assert time.monotonic() < deadline, "the relay kept a stream that never reads"
+            await asyncio.sleep(0.05)
+        assert stack.relay.relay.metrics.streams._value.get() == 0
+        writer.cancel()
+        call.cancel()
+        await channel.close()
+    finally:
+        relay_session.MAX_UNREAD_REPLIES = limit
+        await stop_stack(stack)
