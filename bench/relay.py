@@ -247,10 +247,12 @@ async def run_bench(args: argparse.Namespace, targets: list[str], token: str, pi
     msg = message(256)
     for t in targets:
         await wait_relay(t, token)
+    # Idle streams first, on a relay that has carried no traffic yet: memory freed after
+    # the load phases is not returned to the OS and would inflate the reading.
+    before, after = await idle_streams(targets[0], token, pid, 1000)
     one = await fanout(targets, token, 1, args.messages, msg)
     fifty = await fanout(targets, token, 50, args.messages // 10, msg)
     lat = await paced_latency(targets, token, 1000, args.seconds, msg)
-    before, after = await idle_streams(targets[0], token, pid, 1000)
     store_us = await store_bound(5000, msg)
     frame_us = framing_bound(msg)
     mode = "two relay processes on Redis" if len(targets) > 1 else "one relay process, SQLite log"
@@ -261,7 +263,7 @@ async def run_bench(args: argparse.Namespace, targets: list[str], token: str, pi
     print(f"| deliveries/s, 1 → 50 | {fifty:,.0f} |")
     print(f"| latency at 1,000 msg/s, p50 | {statistics.median(lat):.2f} ms |")
     print(f"| latency at 1,000 msg/s, p99 | {lat[int(len(lat) * 0.99) - 1]:.2f} ms |")
-    print(f"| relay RSS, no streams | {before:.0f} MB |")
+    print(f"| relay RSS at start, no streams | {before:.0f} MB |")
     print(f"| relay RSS, 1,000 idle subscribed streams | {after:.0f} MB |")
     print(f"| bound: store one message (SQLite, group commit), in process | {store_us:.1f} µs |")
     print(

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import jwt
 
 ALGORITHMS = ["EdDSA"]
@@ -67,6 +66,8 @@ class TokenVerifier:
         """A verifier that fetches the JWKS over HTTP from the account API."""
 
         def fetch() -> dict[str, Any]:
+            import httpx  # only relays that fetch the JWKS over HTTP need it
+
             response = httpx.get(url, timeout=5.0)
             response.raise_for_status()
             data: dict[str, Any] = response.json()

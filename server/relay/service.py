@@ -111,7 +111,7 @@ class Relay:
         self.hub.connect(identity, session.outbox)
         self.metrics.streams.inc()
         reader = asyncio.create_task(self._read(session, requests))
-        expiry = asyncio.create_task(session.expire_token())
+        session.watch_expiry()
         writer: asyncio.Task[None] | None = None
         closing = asyncio.create_task(session.close_event.wait())
         try:
@@ -125,7 +125,7 @@ class Relay:
             # must not wait for it.
             await asyncio.wait({writer, closing}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (writer, closing, reader, expiry):
+            for task in (writer, closing, reader):
                 if task is not None:
                     task.cancel()
             session.shutdown()

@@ -65,6 +65,7 @@ class StreamSession:
         self.close_event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._expiry: asyncio.TimerHandle | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -79,18 +80,24 @@ class StreamSession:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def expire_token(self) -> None:
-        """Closes the stream when the token expires without a Refresh."""
-        while self.closed is None:
-            remaining = self.claims.expires_at - time.time()
-            if remaining <= 0:
-                self.close(
-                    grpc.StatusCode.UNAUTHENTICATED, "token expired; send Refresh before exp"
-                )
-                return
-            await asyncio.sleep(min(remaining, 3600))
+    def watch_expiry(self) -> None:
+        """Closes the stream when the token expires without a Refresh (a timer, not a
+        task: one per stream adds up with thousands of idle streams)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+        if self.closed is not None:
+            return
+        remaining = self.claims.expires_at - time.time()
+        if remaining <= 0:
+            self.close(grpc.StatusCode.UNAUTHENTICATED, "token expired; send Refresh before exp")
+            return
+        self._expiry = asyncio.get_running_loop().call_later(
+            min(remaining, 3600), self.watch_expiry
+        )
 
     def shutdown(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
         for task in list(self._tasks):
             task.cancel()
         for sub in list(self.subscriptions.values()):
@@ -286,6 +293,7 @@ class StreamSession:
             self.close(grpc.StatusCode.UNAUTHENTICATED, "refresh with another account's token")
             return
         self.claims = claims
+        self.watch_expiry()
         self.reply(request_id)
 
     async def send_pending_welcomes(self) -> None:

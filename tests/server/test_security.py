@@ -107,3 +107,20 @@ def test_revocation_reaches_another_api_process(api: RunningApi, http: httpx.Cli
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_migration_head_constant_matches_the_scripts() -> None:
+    import tempfile
+
+    from alembic.script import ScriptDirectory
+
+    from svc_server.config import Settings
+    from svc_server.db import migrate
+    from svc_server.db.session import make_engine
+
+    engine = make_engine(Settings(data_dir=tempfile.mkdtemp()))
+    script = ScriptDirectory.from_config(migrate.alembic_config(engine))
+    assert script.get_current_head() == migrate.HEAD
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == migrate.HEAD
+    engine.dispose()
