@@ -145,12 +145,15 @@ class SqliteLogStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             for _, future in batch:
-                future.set_exception(exc)
+                if not future.done():
+                    future.set_exception(exc)
             return
         # Durable now: hand the entries to the sink in order, then answer the callers.
         if (entries or welcomes) and self._loop is not None:
             self._loop.call_soon_threadsafe(self._sink, entries, welcomes)
         for future, value, error in results:
+            if future.done():  # the caller gave up (cancelled); its write still happened
+                continue
             if error is not None:
                 future.set_exception(error)
             else:
