@@ -63,15 +63,11 @@ def run_relay(args: argparse.Namespace) -> None:
 
 
 def rotate_signing_key(args: argparse.Namespace) -> None:
-    from .config import Settings
-    from .db import migrate
-    from .db.session import make_engine, make_sessionmaker, transaction
+    from .db.session import make_sessionmaker, open_database, transaction
     from .services import signing
 
-    overrides = {"database_url": args.database_url} if args.database_url else {}
-    settings = Settings(**overrides)
-    engine = make_engine(settings)
-    migrate.upgrade(engine)
+    settings = _settings(args)
+    engine = open_database(settings)
     with transaction(make_sessionmaker(engine)) as session:
         key = signing.rotate(session, settings.token_ttl_seconds)
         kid = key.kid

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 from dataclasses import dataclass
 
 import uvicorn
@@ -13,6 +14,7 @@ from prometheus_client import make_asgi_app
 from .api import create_app
 from .api.deps import Services
 from .config import Settings
+from .errors import StartupError
 from .relay.metrics import RelayMetrics
 from .relay.server import RunningRelay, start_relay
 
@@ -30,21 +32,35 @@ async def start_stack(
     settings: Settings, host: str = "127.0.0.1", api_port: int = 8000, relay_port: int = 50051
 ) -> Stack:
     """Starts both servers (0 picks free ports) and returns when both accept connections."""
-    services = await asyncio.to_thread(Services.start, settings)
-    metrics = RelayMetrics()
-    relay = await start_relay(settings, host, relay_port, services.sessions, metrics)
+    # Bound here, not by uvicorn, so a taken port is an error we report, not an exit.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, api_port))
+    except OSError as exc:
+        sock.close()
+        raise StartupError(
+            f"account API cannot listen on {host}:{api_port}: {exc.strerror}"
+        ) from None
+    try:
+        services = await asyncio.to_thread(Services.start, settings)
+        metrics = RelayMetrics()
+        relay = await start_relay(settings, host, relay_port, services.sessions, metrics)
+    except BaseException:
+        sock.close()
+        raise
     app = create_app(services=services)
     app.mount("/metrics", make_asgi_app(registry=metrics.registry))
-    config = uvicorn.Config(app, host=host, port=api_port, log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", lifespan="off")
     api = uvicorn.Server(config)
-    task = asyncio.create_task(api.serve())
+    task = asyncio.create_task(api.serve(sockets=[sock]))
     while not api.started:
         if task.done():
             await relay.stop()
             task.result()
-            raise OSError(f"account API could not listen on {host}:{api_port}")
+            raise StartupError("account API stopped during start-up")
         await asyncio.sleep(0.01)
-    bound = api.servers[0].sockets[0].getsockname()[1]
+    bound = sock.getsockname()[1]
     return Stack(f"http://{host}:{bound}", f"http://{host}:{relay.port}", relay, api, task)
 
 

@@ -13,9 +13,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..config import Settings
-from ..db import migrate
 from ..db.models import utcnow
-from ..db.session import make_engine, make_sessionmaker
+from ..db.session import make_sessionmaker, open_database
 from ..services import api_keys
 from ..services.ratelimit import RateLimits
 from ..services.signing import SignerCache
@@ -69,8 +68,7 @@ class Services:
     @classmethod
     def start(cls, settings: Settings) -> Services:
         """Connects, migrates the schema, and makes sure a signing key exists."""
-        engine = make_engine(settings)
-        migrate.upgrade(engine)
+        engine = open_database(settings)
         sessions = make_sessionmaker(engine)
         signer = SignerCache(sessions)
         signer.get()

@@ -8,10 +8,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..config import Settings
+from ..errors import StartupError
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -39,6 +41,36 @@ def make_engine(settings: Settings) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     return create_engine(url, pool_pre_ping=False, pool_size=10, max_overflow=20)
+
+
+def _shown(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "the given URL"
+
+
+def open_database(settings: Settings) -> Engine:
+    """The engine, with the schema migrated to the newest revision; StartupError with a
+    plain reason for an unusable URL or an unreachable database."""
+    from . import migrate
+
+    try:
+        engine = make_engine(settings)
+    except (ArgumentError, NoSuchModuleError) as exc:
+        raise StartupError(
+            f"invalid database URL {_shown(settings.database_url)}: {exc}; "
+            "expected sqlite:///PATH or postgresql://USER@HOST/DB"
+        ) from None
+    try:
+        migrate.upgrade(engine)
+    except OperationalError as exc:
+        engine.dispose()
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise StartupError(
+            f"cannot use the database at {_shown(settings.database_url)}: {reason}"
+        ) from None
+    return engine
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

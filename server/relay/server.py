@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..auth import Claims, TokenVerifier
 from ..config import Settings
-from ..db import migrate
-from ..db.session import make_engine, make_sessionmaker, transaction
+from ..db.session import make_sessionmaker, open_database, transaction
+from ..errors import StartupError
 from ..services import signing
 from .access import Access
 from .metrics import RelayMetrics
@@ -85,8 +85,7 @@ async def start_relay(
 ) -> RunningRelay:
     """Starts a relay on ``host:port`` (0 picks a free port) and returns once it serves."""
     if sessions is None:
-        engine = make_engine(settings)
-        await asyncio.to_thread(migrate.upgrade, engine)
+        engine = await asyncio.to_thread(open_database, settings)
         sessions = make_sessionmaker(engine)
     verifier = make_verifier(settings, sessions)
 
@@ -94,15 +93,23 @@ async def start_relay(
         return await asyncio.to_thread(verifier.verify, token)
 
     relay = Relay(settings, make_store(settings), Access(sessions), verify, metrics)
-    await relay.start()
+    try:
+        await relay.start()
+    except Exception as exc:
+        await relay.close()
+        where = f"Redis at {settings.redis_url}" if settings.redis_url else "the relay log"
+        raise StartupError(f"cannot use {where}: {exc}") from None
     server = grpc.aio.server(options=grpc_options(settings))
     server.add_generic_rpc_handlers((relay.handler(),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpc's "Failed to bind": the port is taken or not ours
+        bound = 0
     if bound == 0:
         await relay.close()
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise StartupError(f"relay cannot listen on {host}:{port}: address in use or not available")
     await server.start()
     for name in ("", SERVICE):
         health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

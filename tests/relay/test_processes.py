@@ -251,3 +251,51 @@ def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, 
     assert f"svc account API  http://127.0.0.1:{api_port}" in out
     assert f"svc relay        http://127.0.0.1:{relay_port}" in out
     assert out.rstrip().endswith("stopped")
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (
+            ["up", "--api-port", "{busy}", "--relay-port", "{free}"],
+            "account API cannot listen on 127.0.0.1:{busy}",
+        ),
+        (
+            ["up", "--api-port", "{free}", "--relay-port", "{busy}"],
+            "relay cannot listen on 127.0.0.1:{busy}",
+        ),
+        (
+            ["relay", "--port", "{free}", "--redis-url", "redis://127.0.0.1:1/0"],
+            "cannot use Redis at redis://127.0.0.1:1/0",
+        ),
+        (
+            ["api", "--port", "{free}", "--database-url", "nonsense://x"],
+            "invalid database URL nonsense://x",
+        ),
+        (
+            [
+                "relay",
+                "--port",
+                "{free}",
+                "--database-url",
+                "postgresql://svc:hunter2@127.0.0.1:1/db",
+            ],
+            "cannot use the database at postgresql://svc:***@127.0.0.1:1/db",
+        ),
+    ],
+)
+def test_start_up_failures_are_one_clear_line(
+    tmp_path: Path, command: list[str], expected: str
+) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        ports = {"busy": str(busy.getsockname()[1]), "free": str(free_port())}
+        args = [part.format(**ports) for part in command] + ["--data-dir", str(tmp_path / "server")]
+        proc = start(args)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and "hunter2" not in err + out
+    assert err.strip().splitlines()[-1].startswith(f"svc: {expected.format(**ports)}")
