@@ -3,20 +3,66 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import svc_sdk
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_import_names_are_prefixed() -> None:
     for name in ("svc_sdk", "svc_server", "svc_integrations", "svc_sdk._native"):
         assert importlib.util.find_spec(name) is not None, name
-    # Nothing generic may be importable from the installed distribution.
-    for name in ("server", "integrations", "native", "_native"):
-        spec = importlib.util.find_spec(name)
-        assert spec is None or "site-packages" not in str(spec.origin), name
+
+
+def test_wheel_holds_only_prefixed_packages_and_every_module(tmp_path: Path) -> None:
+    """The built wheel: nothing generic at the top level, the extension inside svc_sdk,
+    and every source module of the three folders (a subpackage missing from the explicit
+    package list in pyproject.toml would silently drop out)."""
+    # Built from a copy of the source: an in-tree build reuses build/, whose stale files
+    # would hide a package that the list no longer names. The cargo target dir is shared.
+    source, out = tmp_path / "src", tmp_path / "wheel"
+    files = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        check=True,
+        capture_output=True,
+    ).stdout.split(b"\0")
+    for name in filter(None, files):
+        target = source / name.decode()
+        if (ROOT / name.decode()).is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name.decode(), target)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "-q", "-w", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+        env={**os.environ, "CARGO_TARGET_DIR": str(ROOT / "target")},
+    )
+    (wheel,) = out.glob("svc_sdk-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    top = {n.split("/")[0] for n in names}
+    assert top == {
+        "svc_sdk",
+        "svc_server",
+        "svc_integrations",
+        wheel.name.split("-cp")[0] + ".dist-info",
+    }
+    assert any(n.startswith("svc_sdk/_native.") and n.endswith(".so") for n in names)
+    for folder, package in (
+        ("svc_sdk", "svc_sdk"),
+        ("server", "svc_server"),
+        ("integrations", "svc_integrations"),
+    ):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix in (".py", ".pyi", ".mako") or path.name == "py.typed":
+                wanted = f"{package}/{path.relative_to(ROOT / folder).as_posix()}"
+                assert wanted in names, f"{wanted} is missing from the wheel"
 
 
 def test_native_module_lives_inside_svc_sdk() -> None:
