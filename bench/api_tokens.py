@@ -14,7 +14,6 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,30 +23,15 @@ from pathlib import Path
 
 import httpx
 
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.support import PostgresServer, free_port, wait_healthy  # noqa: E402
+
 LUA = """
 wrk.method = "POST"
 wrk.headers["Authorization"] = "Bearer {key}"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("svc api exited during start-up")
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise SystemExit("svc api did not become healthy")
 
 
 def in_process_bound(data_dir: Path, database_url: str, key: str) -> tuple[float, float]:
@@ -114,9 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.postgres:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from tests.support import PostgresServer
-
         pg = PostgresServer()
         pg.start()
         try:

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from svc_sdk._relay_pb import relay_pb2 as pb  # noqa: E402
 from svc_sdk.mls import Engine  # noqa: E402
 from svc_sdk.relay_client import RelayConnection  # noqa: E402
-from tests.support import RedisServer, free_port  # noqa: E402
+from tests.support import RedisServer, free_port, wait_healthy  # noqa: E402
 
 CHANNEL = "bench/relay/fanout"
 
@@ -51,17 +51,6 @@ def spawn(args: list[str], cpu: str, env: dict[str, str] | None = None) -> subpr
         env={**os.environ, "SVC_SIGNUP_RATE_LIMIT": "1000/minute", **(env or {})},
         stdout=subprocess.DEVNULL,
     )
-
-
-def wait_http(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} did not start")
 
 
 async def wait_relay(target: str, token: str) -> None:
@@ -292,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             redis.start()
             common = ["--data-dir", str(data)]
             procs.append(spawn(["api", "--port", str(api_port), *common], "1"))
-            wait_http(api_url)
+            wait_healthy(api_url)
             ports = [free_port(), free_port()]
             for port in ports:
                 procs.append(
@@ -314,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             relay_pid = procs[1].pid
         else:
             procs.append(spawn(["api", "--port", str(api_port), "--data-dir", str(data)], "1"))
-            wait_http(api_url)
+            wait_healthy(api_url)
             relay_port = free_port()
             relay_args = ["relay", "--port", str(relay_port), "--data-dir", str(data)]
             procs.append(spawn(relay_args, "0"))

@@ -42,6 +42,24 @@ def optional_server(factory: Any, what: str) -> Iterator[Any]:
         server.stop()
 
 
+def wait_healthy(url: str, proc: subprocess.Popen[Any] | None = None, seconds: float = 30) -> None:
+    """Waits until ``url``/healthz answers 200; fails at once if ``proc`` has exited."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise RuntimeError(f"server exited during start-up: {err!r}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not become healthy in {seconds} s")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,7 +18,7 @@ from ..db.session import make_sessionmaker, open_database
 from ..services import api_keys
 from ..services.ratelimit import RateLimits
 from ..services.signing import SignerCache
-from .problems import ProblemError
+from .problems import ProblemError, rate_limited
 
 
 class LastUsedThrottle:
@@ -112,12 +112,7 @@ async def authenticate(request: Request, services: ServicesDep) -> Caller:
     address = client_address(request)
     wait = services.rate_limits.auth_blocked(address)
     if wait is not None:
-        raise ProblemError(
-            429,
-            "too many failed authentication attempts from this address",
-            slug="rate-limited",
-            headers={"Retry-After": str(wait)},
-        )
+        raise rate_limited("too many failed authentication attempts from this address", wait)
     header = request.headers.get("authorization")
     if header is None:
         raise ProblemError(

@@ -52,6 +52,10 @@ class ProblemError(Exception):
         self.headers = headers
 
 
+def rate_limited(detail: str, retry_after: int) -> ProblemError:
+    return ProblemError(429, detail, slug="rate-limited", headers={"Retry-After": str(retry_after)})
+
+
 def problem_response(
     status: int,
     detail: str | None,

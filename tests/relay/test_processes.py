@@ -16,7 +16,7 @@ import pytest
 
 from svc_sdk.relay_client import RelayConnection
 
-from ..support import PostgresServer, RedisServer, free_port
+from ..support import PostgresServer, RedisServer, free_port, wait_healthy
 from .helpers import Member, engine
 
 pytestmark = pytest.mark.anyio
@@ -31,18 +31,6 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
         stderr=subprocess.PIPE,
         text=True,
     )
-
-
-def wait_http(url: str, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise AssertionError(f"{url} did not come up")
 
 
 async def wait_grpc(target: str, proc: subprocess.Popen[str]) -> None:
@@ -85,27 +73,21 @@ def signup(api_url: str, email: str) -> tuple[str, str]:
 
 
 @pytest.fixture
-def up_ports(tmp_path: Path) -> tuple[int, int, Path]:
-    return free_port(), free_port(), tmp_path / "server"
+def up_ports(tmp_path: Path) -> tuple[int, int, list[str]]:
+    """Free API and relay ports, and the `svc up` arguments that use them."""
+    api_port, relay_port = free_port(), free_port()
+    args = ["up", "--api-port", str(api_port), "--relay-port", str(relay_port)]
+    return api_port, relay_port, [*args, "--data-dir", str(tmp_path / "server")]
 
 
 async def test_relay_killed_and_restarted_loses_nothing(
-    up_ports: tuple[int, int, Path], tmp_path: Path
+    up_ports: tuple[int, int, list[str]], tmp_path: Path
 ) -> None:
-    api_port, relay_port, data_dir = up_ports
-    args = [
-        "up",
-        "--api-port",
-        str(api_port),
-        "--relay-port",
-        str(relay_port),
-        "--data-dir",
-        str(data_dir),
-    ]
+    api_port, relay_port, args = up_ports
     proc = start(args)
     api_url, relay_url = f"http://127.0.0.1:{api_port}", f"127.0.0.1:{relay_port}"
     try:
-        wait_http(api_url, proc)
+        wait_healthy(api_url, proc)
         _, token = signup(api_url, "ops@example.com")
         alice = Member(
             "alice", engine(tmp_path, "alice"), RelayConnection(relay_url, token, b"alice")
@@ -126,7 +108,7 @@ async def test_relay_killed_and_restarted_loses_nothing(
         await alice.conn.close()
         await bob.conn.close()
         proc = start(args)
-        wait_http(api_url, proc)
+        wait_healthy(api_url, proc)
         alice.conn = RelayConnection(relay_url, token, b"alice")
         bob.conn = RelayConnection(relay_url, token, b"bob")
         await alice.conn.open()
@@ -167,7 +149,7 @@ async def test_two_relays_share_one_channel_through_redis(
     api = start(["api", "--port", str(api_port), *common])
     relays: list[subprocess.Popen[str]] = []
     try:
-        wait_http(api_url, api)
+        wait_healthy(api_url, api)
         for port in (a_port, b_port):
             relays.append(
                 start(
@@ -226,21 +208,11 @@ async def test_two_relays_share_one_channel_through_redis(
             stop(proc)
 
 
-def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, Path]) -> None:
-    api_port, relay_port, data_dir = up_ports
-    proc = start(
-        [
-            "up",
-            "--api-port",
-            str(api_port),
-            "--relay-port",
-            str(relay_port),
-            "--data-dir",
-            str(data_dir),
-        ]
-    )
+def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, list[str]]) -> None:
+    api_port, relay_port, args = up_ports
+    proc = start(args)
     try:
-        wait_http(f"http://127.0.0.1:{api_port}", proc)
+        wait_healthy(f"http://127.0.0.1:{api_port}", proc)
         metrics = httpx.get(f"http://127.0.0.1:{api_port}/metrics/", timeout=5).text
         assert "svc_relay_connected_streams" in metrics
         proc.send_signal(signal.SIGTERM)

@@ -6,7 +6,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import httpx
 from sqlalchemy import event
 
-from ..support import RunningApi, free_port
+from ..support import RunningApi, free_port, wait_healthy
 from .conftest import bearer, signup
 from .test_accounts import assert_problem
 
@@ -86,16 +85,7 @@ def test_revocation_reaches_another_api_process(api: RunningApi, http: httpx.Cli
     )
     other = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{other}/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            assert time.monotonic() < deadline, "second API process did not start"
-            time.sleep(0.1)
+        wait_healthy(other, proc)
         assert httpx.get(f"{other}/v1/keys", headers=bearer(spare["key"])).status_code == 200
         assert http.delete(f"/v1/keys/{spare['id']}", headers=bearer(key["key"])).status_code == 204
         # The very next request on the other process already fails.

@@ -8,7 +8,7 @@ from sqlalchemy.exc import IntegrityError
 from ...db.session import transaction
 from ...services import accounts
 from ..deps import CallerDep, ServicesDep, client_address
-from ..problems import ProblemError, responses
+from ..problems import ProblemError, rate_limited, responses
 from ..schemas import AccountOut, ApiKeyCreated, SignupRequest, SignupResponse
 
 router = APIRouter(prefix="/v1/accounts", tags=["accounts"])
@@ -24,12 +24,7 @@ router = APIRouter(prefix="/v1/accounts", tags=["accounts"])
 def signup(body: SignupRequest, request: Request, services: ServicesDep) -> SignupResponse:
     wait = services.rate_limits.take_signup(client_address(request))
     if wait is not None:
-        raise ProblemError(
-            429,
-            "too many signups from this address",
-            slug="rate-limited",
-            headers={"Retry-After": str(wait)},
-        )
+        raise rate_limited("too many signups from this address", wait)
     duplicate = ProblemError(409, "an account with this email already exists", slug="email-taken")
     try:
         with transaction(services.sessions) as session:
