@@ -88,7 +88,7 @@ async def publish_all(
         while len(inflight) >= window:
             _, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
         t = time.perf_counter()
-        fut = await sender.send(publish=pb.Publish(channel=CHANNEL, message=msg))
+        fut = await sender.send(publish=pb.Publish(channel=CHANNEL, message=[msg]))
         fut.add_done_callback(done(t))
         inflight.add(fut)
     if inflight:
@@ -165,7 +165,7 @@ async def paced_latency(
         if delay > 0:
             await asyncio.sleep(delay)
         t = time.perf_counter()
-        fut = await sender.send(publish=pb.Publish(channel=CHANNEL, message=msg))
+        fut = await sender.send(publish=pb.Publish(channel=CHANNEL, message=[msg]))
         fut.add_done_callback(_record(sent, t))
         replies.append(fut)
     await asyncio.gather(*replies)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -54,6 +55,7 @@ class RelayConnection:
         *,
         options: list[tuple[str, Any]] | None = None,
         channel: grpc.aio.Channel | None = None,
+        on_frame: Callable[[pb.ServerFrame], None] | None = None,
     ) -> None:
         self.target = target_of(endpoint)
         self.identity = identity
@@ -65,6 +67,7 @@ class RelayConnection:
         ]
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[pb.Reply]] = {}
+        self._write_lock = asyncio.Lock()
         self.deliveries: asyncio.Queue[pb.Delivery] = asyncio.Queue()
         self.welcomes: asyncio.Queue[pb.Welcome] = asyncio.Queue()
         self.lagged: asyncio.Queue[str] = asyncio.Queue()
@@ -74,6 +77,8 @@ class RelayConnection:
         self._channel: grpc.aio.Channel | None = channel
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
+        # When set, receives every non-Reply frame instead of the queues.
+        self._on_frame = on_frame
 
     async def __aenter__(self) -> RelayConnection:
         await self.open()
@@ -109,6 +114,8 @@ class RelayConnection:
                     future = self._pending.pop(frame.reply.request_id, None)
                     if future is not None and not future.done():
                         future.set_result(frame.reply)
+                elif self._on_frame is not None:
+                    self._on_frame(frame)
                 elif kind == "deliveries":
                     for item in frame.deliveries.items:
                         self.deliveries.put_nowait(item)
@@ -133,7 +140,10 @@ class RelayConnection:
         request_id = next(self._ids)
         future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        await self._call.write(pb.ClientFrame(request_id=request_id, **kind))
+        # One write at a time, in call order (asyncio.Lock is FIFO): concurrent senders
+        # keep the order in which they asked.
+        async with self._write_lock:
+            await self._call.write(pb.ClientFrame(request_id=request_id, **kind))
         return future
 
     async def request(self, timeout: float = 30.0, check: bool = True, **kind: Any) -> pb.Reply:

@@ -269,6 +269,8 @@ pub struct MessageInfo {
     pub group_id: Option<Vec<u8>>,
     pub epoch: Option<u64>,
     pub content_type: Option<&'static str>,
+    /// For a key package: the identity in its basic credential.
+    pub identity: Option<Vec<u8>>,
 }
 
 pub fn inspect(bytes: &[u8]) -> Result<MessageInfo> {

@@ -495,6 +495,20 @@ impl GroupHandle {
         })
     }
 
+    /// A proposal to remove this agent, for another member to commit (RFC 9420 forbids
+    /// removing yourself by your own commit). Stays valid for the current epoch only.
+    pub fn propose_leave(&self) -> Result<Vec<u8>> {
+        self.mutate(|g| {
+            Self::ensure_no_pending(g)?;
+            let me = g.current_member_index();
+            let msg = g
+                .propose_remove(me, Vec::new())
+                .map_err(|e| EngineError::mls("leave proposal", e))?;
+            g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
+            msg.to_bytes().map_err(|e| EngineError::mls("encode", e))
+        })
+    }
+
     /// An empty commit with an update path: fresh leaf keys for post-compromise security.
     pub fn self_update(&self) -> Result<PendingCommit> {
         self.mutate(|g| {

@@ -49,11 +49,19 @@ pub fn info(msg: &MlsMessage) -> MessageInfo {
         ),
         _ => (msg.group_id().map(<[u8]>::to_vec), msg.epoch(), None),
     };
+    let identity = msg.as_key_package().map(|kp| {
+        kp.signing_identity()
+            .credential
+            .as_basic()
+            .map(|b| b.identifier.clone())
+            .unwrap_or_default()
+    });
     MessageInfo {
         wire_format: wire_format_name(msg.wire_format()),
         group_id,
         epoch,
         content_type,
+        identity,
     }
 }
 

@@ -221,6 +221,12 @@ impl PyGroup {
             .map_err(to_py)
     }
 
+    /// A proposal (to publish) asking the other members to remove this agent.
+    fn propose_leave<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let msg = py.allow_threads(|| self.inner.propose_leave()).map_err(to_py)?;
+        Ok(bytes(py, &msg))
+    }
+
     /// A pending commit that refreshes this member's keys (an update path).
     fn self_update(&self, py: Python<'_>) -> PyResult<PyPendingCommit> {
         py.allow_threads(|| self.inner.self_update())
@@ -412,6 +418,12 @@ impl PyMessageInfo {
     #[getter]
     fn content_type(&self) -> Option<&'static str> {
         self.0.content_type
+    }
+
+    /// For a key package, the identity it was made for; else None.
+    #[getter]
+    fn identity<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.0.identity.as_deref().map(|i| bytes(py, i))
     }
 
     fn __repr__(&self) -> String {

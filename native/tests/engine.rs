@@ -413,3 +413,33 @@ fn batch_with_commit_and_removal() {
     let results = g[2].process_batch(&[&before, &removal.commit, &after]);
     assert!(results.iter().all(|r| r.is_ok()));
 }
+
+#[test]
+fn leave_proposal_committed_by_another_member_removes_the_leaver() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let g = group_of(&a, &[&b, &c]);
+    let proposal = g[2].propose_leave().unwrap();
+    assert_eq!(_native::inspect(&proposal).unwrap().content_type, Some("proposal"));
+    assert!(matches!(g[0].process(&proposal).unwrap(), Received::Proposal { .. }));
+    assert!(matches!(g[1].process(&proposal).unwrap(), Received::Proposal { .. }));
+    // Any commit by a member carries the proposal along.
+    let commit = g[0].self_update().unwrap();
+    let info = g[0].apply_pending_commit().unwrap();
+    assert_eq!(info.removed, vec![b"carol".to_vec()]);
+    g[1].process(&commit.commit).unwrap();
+    match g[2].process(&commit.commit).unwrap() {
+        Received::Commit(info) => assert!(info.self_removed),
+        other => panic!("expected a commit, got {other:?}"),
+    }
+    assert_eq!(g[0].members().unwrap().len(), 2);
+    assert!(c.engine.group_ids().unwrap().is_empty());
+}
+
+#[test]
+fn inspect_names_the_identity_of_a_key_package() {
+    let a = agent("alice");
+    let kp = a.engine.generate_key_package().unwrap();
+    let info = _native::inspect(&kp).unwrap();
+    assert_eq!(info.wire_format, "key_package");
+    assert_eq!(info.identity.as_deref(), Some(&b"alice"[..]));
+}

@@ -9,6 +9,8 @@ from typing import Annotated, Literal
 from email_validator import EmailNotValidError, validate_email
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
+from svc_sdk.names import PATTERN as CHANNEL_PATTERN
+
 Plan = Literal["free", "dev", "team", "enterprise"]
 
 
@@ -100,3 +102,45 @@ class Jwk(BaseModel):
 
 class Jwks(BaseModel):
     keys: list[Jwk]
+
+
+ChannelName = Annotated[
+    str,
+    Field(
+        pattern=CHANNEL_PATTERN,
+        max_length=194,
+        description="org/namespace/service: three parts of 1-64 letters, digits, . _ -",
+    ),
+]
+
+
+class InviteCreateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    channel: ChannelName
+    max_uses: int = Field(1, ge=1, le=10_000, description="How many agents may redeem it")
+    ttl: int = Field(3600, ge=1, le=30 * 24 * 3600, description="Lifetime in seconds")
+
+
+class InviteCreated(BaseModel):
+    id: uuid.UUID
+    token: str = Field(description="svc_inv_…; shown only in this response")
+    channel: str
+    max_uses: int
+    expires_at: datetime
+
+
+class InviteRedeemRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    channel: ChannelName
+    token: str = Field(min_length=1, max_length=200, description="svc_inv_…")
+    key_package: str = Field(
+        min_length=1, max_length=44_000, description="The joiner's MLS key package, base64"
+    )
+
+
+class JoinRequestOut(BaseModel):
+    join_id: uuid.UUID = Field(description="Post it to the channel with a relay JoinRequest")
+    channel: str
+    identity: str = Field(description="The key package's identity, hex")

@@ -5,7 +5,18 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from sqlalchemy import DateTime, ForeignKey, Index, String, Text, TypeDecorator, Uuid
+from sqlalchemy import (
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    Uuid,
+)
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -108,3 +119,35 @@ class ChannelAccess(Base):
         ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True
     )
     admitted_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Invite(Base):
+    """An invite to a channel. Only the SHA-256 of the token is stored; ``uses`` is
+    incremented atomically and never passes ``max_uses``."""
+
+    __tablename__ = "invites"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    channel: Mapped[str] = mapped_column(ForeignKey("channels.name", ondelete="CASCADE"))
+    account_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    max_uses: Mapped[int] = mapped_column(Integer)
+    uses: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+
+
+class JoinRequest(Base):
+    """A redeemed invite: the joiner's key package, waiting to be posted to the channel
+    (relay JoinRequest frame) where an online member adds it."""
+
+    __tablename__ = "join_requests"
+    __table_args__ = (UniqueConstraint("invite_id", "identity", name="uq_join_invite_identity"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    invite_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("invites.id", ondelete="CASCADE"))
+    channel: Mapped[str] = mapped_column(ForeignKey("channels.name", ondelete="CASCADE"))
+    account_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("accounts.id", ondelete="CASCADE"))
+    identity: Mapped[bytes] = mapped_column(LargeBinary)
+    key_package: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -7,8 +7,9 @@ import uuid
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..db.models import utcnow
 from ..db.session import transaction
-from ..services import channels
+from ..services import channels, invites
 
 
 class Access:
@@ -35,3 +36,12 @@ class Access:
                 return channels.admit(session, channel, by, account_id)
 
         return await asyncio.to_thread(admit)
+
+    async def join_request(
+        self, join_id: uuid.UUID, channel: str, account_id: uuid.UUID
+    ) -> tuple[bytes, bytes] | None:
+        def load() -> tuple[bytes, bytes] | None:
+            with transaction(self._sessions) as session:
+                return invites.pending_key_package(session, join_id, channel, account_id, utcnow())
+
+        return await asyncio.to_thread(load)

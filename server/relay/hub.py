@@ -132,8 +132,10 @@ class Subscription:
             self.lag()  # a gap: only the log can fill it
             return
         self.last = entry.seq
-        if entry.sender == self.identity:
-            return  # an agent's own messages are not echoed back to it
+        if entry.sender == self.identity and not entry.handshake:
+            # Own application messages are not echoed back. Own commits are: the log is
+            # how an agent whose connection dropped before the Reply learns the outcome.
+            return
         if not self.outbox.offer(item or encode_item(entry), entry.stored_at):
             self.lag()
 

@@ -14,9 +14,9 @@ import grpc
 
 from svc_sdk._native import MlsError, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.names import is_valid_channel_name as valid_name
 
 from ..auth import Claims, InvalidToken
-from ..services.channels import valid_name
 from .hub import Outbox, Subscription, welcome_frame
 from .store import CommitRejected, CursorExpired, Entry
 
@@ -38,6 +38,8 @@ CATCH_UP_PAGE = 512
 MAX_IN_FLIGHT = 1024
 # Replies a client has not read; beyond this it is not reading its stream at all.
 MAX_UNREAD_REPLIES = 10_000
+# Messages in one Publish frame.
+MAX_PUBLISH_BATCH = 1024
 
 
 class RequestError(Exception):
@@ -183,30 +185,59 @@ class StreamSession:
 
     async def _on_publish(self, request_id: int, req: pb.Publish) -> None:
         await self._check_channel(req.channel)
-        self._check_size(req.message, "message")
-        wire, content, epoch = self._inspect(req.message, req.channel, "message")
-        if wire not in ("private_message", "public_message") or content == "commit":
-            raise RequestError(
-                INVALID,
-                "Publish takes application messages and proposals; send commits with Commit",
-            )
+        count = len(req.message)
+        if not 0 < count <= MAX_PUBLISH_BATCH:
+            raise RequestError(INVALID, f"Publish takes 1 to {MAX_PUBLISH_BATCH} messages")
+        epochs = []
+        for i, message in enumerate(req.message):
+            what = "message" if count == 1 else f"message {i}"
+            self._check_size(message, what)
+            wire, content, epoch = self._inspect(message, req.channel, what)
+            if wire not in ("private_message", "public_message") or content == "commit":
+                raise RequestError(
+                    INVALID,
+                    "Publish takes application messages and proposals; send commits with Commit",
+                )
+            epochs.append(epoch or 0)
         # Queued now, in frame order; the reader goes on to the next frame at once and the
-        # Reply follows when the message is durable (pipelined publishes).
+        # Reply follows when the messages are durable (pipelined publishes).
         await self._in_flight.acquire()
-        stored = self.relay.store.append(req.channel, self.identity, req.message, epoch or 0)
-        self.relay.metrics.messages.labels("application").inc()
-        self.relay.metrics.bytes.inc(len(req.message))
+        stored = [
+            self.relay.store.append(req.channel, self.identity, message, epoch)
+            for message, epoch in zip(req.message, epochs, strict=True)
+        ]
+        self.relay.metrics.messages.labels("application").inc(count)
+        self.relay.metrics.bytes.inc(sum(len(m) for m in req.message))
         self.spawn(self._reply_when_stored(request_id, stored))
 
-    async def _reply_when_stored(self, request_id: int, stored: Awaitable[Entry]) -> None:
+    async def _reply_when_stored(self, request_id: int, stored: list[Awaitable[Entry]]) -> None:
         try:
-            entry = await stored
+            entries = await asyncio.gather(*stored)
         except Exception:
             log.exception("storing a message failed")
             self.reply(request_id, UNAVAILABLE, "relay could not store the message; retry")
             return
         finally:
             self._in_flight.release()
+        self.reply(request_id, seq=entries[-1].seq)
+
+    async def _on_join(self, request_id: int, req: pb.JoinRequest) -> None:
+        """Posts a redeemed invite's key package to the channel, for a member to add."""
+        await self._check_channel(req.channel)
+        try:
+            join_id = uuid.UUID(req.join_id)
+        except ValueError:
+            raise RequestError(INVALID, "join_id is not a UUID") from None
+        found = await self.relay.access.join_request(join_id, req.channel, self.claims.account_id)
+        if found is None:
+            raise RequestError(DENIED, "no valid join request with this id for your account")
+        identity, key_package = found
+        if identity != self.identity:
+            # The Welcome goes to the connected identity: it must be the key package's.
+            raise RequestError(DENIED, "the join request is for another agent identity")
+        _, epoch = await self.relay.store.head(req.channel)
+        entry = await self.relay.store.append(req.channel, self.identity, key_package, epoch)
+        self.relay.metrics.messages.labels("join").inc()
         self.reply(request_id, seq=entry.seq)
 
     async def _on_commit(self, request_id: int, req: pb.Commit) -> None:

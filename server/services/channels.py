@@ -3,7 +3,6 @@ account that created it, and other accounts' agents may use it once admitted."""
 
 from __future__ import annotations
 
-import re
 import uuid
 
 from sqlalchemy import select
@@ -11,13 +10,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ..db.models import Account, Channel, ChannelAccess, utcnow
-
-# Three components of letters, digits and . _ - ; 1 to 64 characters each.
-NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}/[A-Za-z0-9._-]{1,64}/[A-Za-z0-9._-]{1,64}$")
-
-
-def valid_name(name: str) -> bool:
-    return bool(NAME.match(name))
 
 
 def has_access(session: Session, channel: str, account_id: uuid.UUID) -> bool:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0brelay.proto\x12\x0csvc.relay.v1\"\xda\x02\n\x0b\x43lientFrame\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x06\x63reate\x18\x02 \x01(\x0b\x32\x1b.svc.relay.v1.CreateChannelH\x00\x12,\n\tsubscribe\x18\x03 \x01(\x0b\x32\x17.svc.relay.v1.SubscribeH\x00\x12\x30\n\x0bunsubscribe\x18\x04 \x01(\x0b\x32\x19.svc.relay.v1.UnsubscribeH\x00\x12(\n\x07publish\x18\x05 \x01(\x0b\x32\x15.svc.relay.v1.PublishH\x00\x12&\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x14.svc.relay.v1.CommitH\x00\x12(\n\x07refresh\x18\x07 \x01(\x0b\x32\x15.svc.relay.v1.RefreshH\x00\x12$\n\x05\x61\x64mit\x18\x08 \x01(\x0b\x32\x13.svc.relay.v1.AdmitH\x00\x42\x06\n\x04kind\" \n\rCreateChannel\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\"/\n\tSubscribe\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"\x1e\n\x0bUnsubscribe\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\"+\n\x07Publish\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\x0c\"Z\n\x06\x43ommit\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x0c\x12\x0f\n\x07welcome\x18\x04 \x01(\x0c\x12\x0f\n\x07joiners\x18\x05 \x03(\x0c\"\x18\n\x07Refresh\x12\r\n\x05token\x18\x01 \x01(\t\",\n\x05\x41\x64mit\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x12\n\naccount_id\x18\x02 \x01(\t\"\xbd\x01\n\x0bServerFrame\x12$\n\x05reply\x18\x01 \x01(\x0b\x32\x13.svc.relay.v1.ReplyH\x00\x12.\n\ndeliveries\x18\x02 \x01(\x0b\x32\x18.svc.relay.v1.DeliveriesH\x00\x12(\n\x07welcome\x18\x03 \x01(\x0b\x32\x15.svc.relay.v1.WelcomeH\x00\x12&\n\x06lagged\x18\x04 \x01(\x0b\x32\x14.svc.relay.v1.LaggedH\x00\x42\x06\n\x04kind\"h\n\x05Reply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x10\n\x08head_seq\x18\x06 \x01(\x04\"k\n\x08\x44\x65livery\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\x0c\x12\x0e\n\x06sender\x18\x04 \x01(\x0c\x12\x11\n\thandshake\x18\x05 \x01(\x08\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\"3\n\nDeliveries\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.svc.relay.v1.Delivery\"G\n\x07Welcome\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07welcome\x18\x02 \x01(\x0c\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x19\n\x06Lagged\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t2L\n\x05Relay\x12\x43\n\x07\x43onnect\x12\x19.svc.relay.v1.ClientFrame\x1a\x19.svc.relay.v1.ServerFrame(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0brelay.proto\x12\x0csvc.relay.v1\"\x85\x03\n\x0b\x43lientFrame\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x06\x63reate\x18\x02 \x01(\x0b\x32\x1b.svc.relay.v1.CreateChannelH\x00\x12,\n\tsubscribe\x18\x03 \x01(\x0b\x32\x17.svc.relay.v1.SubscribeH\x00\x12\x30\n\x0bunsubscribe\x18\x04 \x01(\x0b\x32\x19.svc.relay.v1.UnsubscribeH\x00\x12(\n\x07publish\x18\x05 \x01(\x0b\x32\x15.svc.relay.v1.PublishH\x00\x12&\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x14.svc.relay.v1.CommitH\x00\x12(\n\x07refresh\x18\x07 \x01(\x0b\x32\x15.svc.relay.v1.RefreshH\x00\x12$\n\x05\x61\x64mit\x18\x08 \x01(\x0b\x32\x13.svc.relay.v1.AdmitH\x00\x12)\n\x04join\x18\t \x01(\x0b\x32\x19.svc.relay.v1.JoinRequestH\x00\x42\x06\n\x04kind\" \n\rCreateChannel\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\"/\n\tSubscribe\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"\x1e\n\x0bUnsubscribe\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\"+\n\x07Publish\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x03(\x0c\"Z\n\x06\x43ommit\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x0c\x12\x0f\n\x07welcome\x18\x04 \x01(\x0c\x12\x0f\n\x07joiners\x18\x05 \x03(\x0c\"\x18\n\x07Refresh\x12\r\n\x05token\x18\x01 \x01(\t\",\n\x05\x41\x64mit\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x12\n\naccount_id\x18\x02 \x01(\t\"/\n\x0bJoinRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07join_id\x18\x02 \x01(\t\"\xbd\x01\n\x0bServerFrame\x12$\n\x05reply\x18\x01 \x01(\x0b\x32\x13.svc.relay.v1.ReplyH\x00\x12.\n\ndeliveries\x18\x02 \x01(\x0b\x32\x18.svc.relay.v1.DeliveriesH\x00\x12(\n\x07welcome\x18\x03 \x01(\x0b\x32\x15.svc.relay.v1.WelcomeH\x00\x12&\n\x06lagged\x18\x04 \x01(\x0b\x32\x14.svc.relay.v1.LaggedH\x00\x42\x06\n\x04kind\"h\n\x05Reply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x10\n\x08head_seq\x18\x06 \x01(\x04\"k\n\x08\x44\x65livery\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\x0c\x12\x0e\n\x06sender\x18\x04 \x01(\x0c\x12\x11\n\thandshake\x18\x05 \x01(\x08\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\"3\n\nDeliveries\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.svc.relay.v1.Delivery\"G\n\x07Welcome\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07welcome\x18\x02 \x01(\x0c\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x19\n\x06Lagged\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t2L\n\x05Relay\x12\x43\n\x07\x43onnect\x12\x19.svc.relay.v1.ClientFrame\x1a\x19.svc.relay.v1.ServerFrame(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,33 +32,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'relay_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_CLIENTFRAME']._serialized_start=30
-  _globals['_CLIENTFRAME']._serialized_end=376
-  _globals['_CREATECHANNEL']._serialized_start=378
-  _globals['_CREATECHANNEL']._serialized_end=410
-  _globals['_SUBSCRIBE']._serialized_start=412
-  _globals['_SUBSCRIBE']._serialized_end=459
-  _globals['_UNSUBSCRIBE']._serialized_start=461
-  _globals['_UNSUBSCRIBE']._serialized_end=491
-  _globals['_PUBLISH']._serialized_start=493
-  _globals['_PUBLISH']._serialized_end=536
-  _globals['_COMMIT']._serialized_start=538
-  _globals['_COMMIT']._serialized_end=628
-  _globals['_REFRESH']._serialized_start=630
-  _globals['_REFRESH']._serialized_end=654
-  _globals['_ADMIT']._serialized_start=656
-  _globals['_ADMIT']._serialized_end=700
-  _globals['_SERVERFRAME']._serialized_start=703
-  _globals['_SERVERFRAME']._serialized_end=892
-  _globals['_REPLY']._serialized_start=894
-  _globals['_REPLY']._serialized_end=998
-  _globals['_DELIVERY']._serialized_start=1000
-  _globals['_DELIVERY']._serialized_end=1107
-  _globals['_DELIVERIES']._serialized_start=1109
-  _globals['_DELIVERIES']._serialized_end=1160
-  _globals['_WELCOME']._serialized_start=1162
-  _globals['_WELCOME']._serialized_end=1233
-  _globals['_LAGGED']._serialized_start=1235
-  _globals['_LAGGED']._serialized_end=1260
-  _globals['_RELAY']._serialized_start=1262
-  _globals['_RELAY']._serialized_end=1338
+  _globals['_CLIENTFRAME']._serialized_end=419
+  _globals['_CREATECHANNEL']._serialized_start=421
+  _globals['_CREATECHANNEL']._serialized_end=453
+  _globals['_SUBSCRIBE']._serialized_start=455
+  _globals['_SUBSCRIBE']._serialized_end=502
+  _globals['_UNSUBSCRIBE']._serialized_start=504
+  _globals['_UNSUBSCRIBE']._serialized_end=534
+  _globals['_PUBLISH']._serialized_start=536
+  _globals['_PUBLISH']._serialized_end=579
+  _globals['_COMMIT']._serialized_start=581
+  _globals['_COMMIT']._serialized_end=671
+  _globals['_REFRESH']._serialized_start=673
+  _globals['_REFRESH']._serialized_end=697
+  _globals['_ADMIT']._serialized_start=699
+  _globals['_ADMIT']._serialized_end=743
+  _globals['_JOINREQUEST']._serialized_start=745
+  _globals['_JOINREQUEST']._serialized_end=792
+  _globals['_SERVERFRAME']._serialized_start=795
+  _globals['_SERVERFRAME']._serialized_end=984
+  _globals['_REPLY']._serialized_start=986
+  _globals['_REPLY']._serialized_end=1090
+  _globals['_DELIVERY']._serialized_start=1092
+  _globals['_DELIVERY']._serialized_end=1199
+  _globals['_DELIVERIES']._serialized_start=1201
+  _globals['_DELIVERIES']._serialized_end=1252
+  _globals['_WELCOME']._serialized_start=1254
+  _globals['_WELCOME']._serialized_end=1325
+  _globals['_LAGGED']._serialized_start=1327
+  _globals['_LAGGED']._serialized_end=1352
+  _globals['_RELAY']._serialized_start=1354
+  _globals['_RELAY']._serialized_end=1430
 # @@protoc_insertion_point(module_scope)

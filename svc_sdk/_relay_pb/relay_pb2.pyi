@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClientFrame(_message.Message):
-    __slots__ = ("request_id", "create", "subscribe", "unsubscribe", "publish", "commit", "refresh", "admit")
+    __slots__ = ("request_id", "create", "subscribe", "unsubscribe", "publish", "commit", "refresh", "admit", "join")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class ClientFrame(_message.Message):
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     REFRESH_FIELD_NUMBER: _ClassVar[int]
     ADMIT_FIELD_NUMBER: _ClassVar[int]
+    JOIN_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     create: CreateChannel
     subscribe: Subscribe
@@ -24,7 +25,8 @@ class ClientFrame(_message.Message):
     commit: Commit
     refresh: Refresh
     admit: Admit
-    def __init__(self, request_id: _Optional[int] = ..., create: _Optional[_Union[CreateChannel, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ..., publish: _Optional[_Union[Publish, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., refresh: _Optional[_Union[Refresh, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ...) -> None: ...
+    join: JoinRequest
+    def __init__(self, request_id: _Optional[int] = ..., create: _Optional[_Union[CreateChannel, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ..., publish: _Optional[_Union[Publish, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., refresh: _Optional[_Union[Refresh, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., join: _Optional[_Union[JoinRequest, _Mapping]] = ...) -> None: ...
 
 class CreateChannel(_message.Message):
     __slots__ = ("channel",)
@@ -51,8 +53,8 @@ class Publish(_message.Message):
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     channel: str
-    message: bytes
-    def __init__(self, channel: _Optional[str] = ..., message: _Optional[bytes] = ...) -> None: ...
+    message: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, channel: _Optional[str] = ..., message: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("channel", "epoch", "commit", "welcome", "joiners")
@@ -81,6 +83,14 @@ class Admit(_message.Message):
     channel: str
     account_id: str
     def __init__(self, channel: _Optional[str] = ..., account_id: _Optional[str] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("channel", "join_id")
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    JOIN_ID_FIELD_NUMBER: _ClassVar[int]
+    channel: str
+    join_id: str
+    def __init__(self, channel: _Optional[str] = ..., join_id: _Optional[str] = ...) -> None: ...
 
 class ServerFrame(_message.Message):
     __slots__ = ("reply", "deliveries", "welcome", "lagged")

@@ -59,7 +59,7 @@ class Member:
     async def send(self, channel: str, text: str) -> int:
         assert self.group is not None
         reply = await self.conn.request(
-            publish=pb.Publish(channel=channel, message=self.group.encrypt(text.encode()))
+            publish=pb.Publish(channel=channel, message=[self.group.encrypt(text.encode())])
         )
         return reply.seq
 

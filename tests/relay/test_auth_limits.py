@@ -166,7 +166,7 @@ async def test_slow_subscriber_never_stalls_the_others(
         big = large_group_message(64 * 1024)
         count = 300
         for _ in range(count):
-            await sender.request(publish=pb.Publish(channel=CHANNEL, message=big))
+            await sender.request(publish=pb.Publish(channel=CHANNEL, message=[big]))
         got = [await asyncio.wait_for(fast.deliveries.get(), 10) for _ in range(count)]
         assert [d.seq for d in got] == list(range(1, count + 1))
         # The stuck one is told to resume from its cursor once it reads again.
@@ -189,7 +189,7 @@ async def test_cursor_behind_retention_is_a_clear_error(stack: Stack, account: A
     await conn.open()
     await conn.request(create=pb.CreateChannel(channel=CHANNEL))
     for _ in range(3):
-        await conn.request(publish=pb.Publish(channel=CHANNEL, message=engine_group_message(stack)))
+        await conn.request(publish=pb.Publish(channel=CHANNEL, message=[engine_group_message(stack)]))
     await stack.relay.relay.store.trim(time.time() + 1)  # as if retention had passed
     reply = await conn.request(check=False, subscribe=pb.Subscribe(channel=CHANNEL, after_seq=0))
     assert reply.code == grpc.StatusCode.OUT_OF_RANGE.value[0]

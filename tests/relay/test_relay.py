@@ -158,7 +158,7 @@ async def test_other_accounts_are_denied_until_admitted(
     for frame in (
         {"subscribe": pb.Subscribe(channel=CHANNEL)},
         {"subscribe": pb.Subscribe(channel="acme/support/nonexistent")},
-        {"publish": pb.Publish(channel=CHANNEL, message=b"x")},
+        {"publish": pb.Publish(channel=CHANNEL, message=[b"x"])},
         {"create": pb.CreateChannel(channel=CHANNEL)},
         {"admit": pb.Admit(channel=CHANNEL, account_id=outsider.account_id)},
     ):
@@ -177,13 +177,13 @@ async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_p
     cases: list[tuple[dict[str, Any], str]] = [
         ({"create": pb.CreateChannel(channel="no-slashes")}, "invalid channel name"),
         ({"subscribe": pb.Subscribe(channel="a/b/c/d")}, "invalid channel name"),
-        ({"publish": pb.Publish(channel=CHANNEL, message=b"garbage")}, "malformed MLS message"),
+        ({"publish": pb.Publish(channel=CHANNEL, message=[b"garbage"])}, "malformed MLS message"),
         (
-            {"publish": pb.Publish(channel=CHANNEL, message=b"x" * (1024 * 1024 + 1))},
+            {"publish": pb.Publish(channel=CHANNEL, message=[b"x" * (1024 * 1024 + 1)])},
             "the limit is 1048576",
         ),
         (
-            {"publish": pb.Publish(channel=CHANNEL, message=alice.group.self_update().commit)},
+            {"publish": pb.Publish(channel=CHANNEL, message=[alice.group.self_update().commit])},
             "send commits with Commit",
         ),
         (
@@ -195,7 +195,7 @@ async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_p
     alice.group.clear_pending_commit()
     other = engine(tmp_path, "zed").create_group(b"other/group/id")
     cases.append(
-        ({"publish": pb.Publish(channel=CHANNEL, message=other.encrypt(b"x"))}, "another group")
+        ({"publish": pb.Publish(channel=CHANNEL, message=[other.encrypt(b"x")])}, "another group")
     )
     for frame, message in cases:
         reply = await alice.conn.request(check=False, **frame)
@@ -231,7 +231,7 @@ async def test_frames_that_do_not_parse(stack: Stack, account: Account) -> None:
     # A frame beyond the transport limit ends the stream with a gRPC status.
     await call.write(
         pb.ClientFrame(
-            request_id=6, publish=pb.Publish(channel="a/b/c", message=b"x" * (2 * 1024 * 1024))
+            request_id=6, publish=pb.Publish(channel="a/b/c", message=[b"x" * (2 * 1024 * 1024)])
         ).SerializeToString()
     )
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -248,7 +248,7 @@ async def test_many_concurrent_streams(stack: Stack, account: Account) -> None:
     await asyncio.gather(*(c.request(subscribe=pb.Subscribe(channel=CHANNEL)) for c in conns[1:]))
     # Raw subscribers: the relay does not decrypt, so any well-framed message will do.
     sender = engine_group_message(stack)
-    await conns[0].request(publish=pb.Publish(channel=CHANNEL, message=sender))
+    await conns[0].request(publish=pb.Publish(channel=CHANNEL, message=[sender]))
     got = await asyncio.gather(*(asyncio.wait_for(c.deliveries.get(), 20) for c in conns[1:]))
     assert {d.seq for d in got} == {1} and len(got) == 199
     await asyncio.gather(*(c.close() for c in conns))

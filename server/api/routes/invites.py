@@ -1,0 +1,104 @@
+"""Channel invites (spec 4.6 invite / join_with_token): create a token, redeem it with
+a key package."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from fastapi import APIRouter, status
+from sqlalchemy.exc import IntegrityError
+
+from svc_sdk._native import MlsError, inspect
+
+from ...db.models import utcnow
+from ...db.session import transaction
+from ...services import invites
+from ..deps import CallerDep, ServicesDep
+from ..problems import ProblemError, responses
+from ..schemas import InviteCreated, InviteCreateRequest, InviteRedeemRequest, JoinRequestOut
+
+router = APIRouter(prefix="/v1/invites", tags=["invites"])
+
+_STATUS = {"not-found": 404, "expired": 410, "used-up": 410}
+
+
+def _problem(exc: invites.InviteError) -> ProblemError:
+    return ProblemError(_STATUS[exc.kind], str(exc), slug=f"invite-{exc.kind}")
+
+
+def _key_package(text: str) -> tuple[bytes, bytes]:
+    try:
+        data = base64.b64decode(text, validate=True)
+        info = inspect(data)
+    except (binascii.Error, ValueError, MlsError) as exc:
+        raise ProblemError(
+            422, f"key_package is not a base64 MLS key package: {exc}", slug="bad-key-package"
+        ) from None
+    if info.wire_format != "key_package" or not info.identity:
+        raise ProblemError(
+            422,
+            f"key_package is an MLS {info.wire_format}, not a key package",
+            slug="bad-key-package",
+        )
+    return data, info.identity
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=InviteCreated,
+    responses=responses(400, 401, 404, 413, 422, 429),
+    summary="Create an invite token for a channel your account uses",
+)
+def create_invite(
+    body: InviteCreateRequest, caller: CallerDep, services: ServicesDep
+) -> InviteCreated:
+    try:
+        with transaction(services.sessions) as session:
+            new = invites.create(
+                session, body.channel, caller.account.id, body.max_uses, body.ttl, utcnow()
+            )
+    except invites.InviteError as exc:
+        raise _problem(exc) from None
+    return InviteCreated(
+        id=new.id,
+        token=new.token,
+        channel=body.channel,
+        max_uses=body.max_uses,
+        expires_at=new.expires_at,
+    )
+
+
+@router.post(
+    "/redeem",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JoinRequestOut,
+    responses=responses(400, 401, 404, 409, 410, 413, 422, 429),
+    summary="Redeem an invite with your key package; post the join request on the relay",
+)
+def redeem_invite(
+    body: InviteRedeemRequest, caller: CallerDep, services: ServicesDep
+) -> JoinRequestOut:
+    if not invites.is_well_formed(body.token):  # no database work for a garbled token
+        raise _problem(invites.InviteError("not-found", "invite token is not valid"))
+    key_package, identity = _key_package(body.key_package)
+    try:
+        with transaction(services.sessions) as session:
+            request = invites.redeem(
+                session,
+                body.token,
+                body.channel,
+                caller.account.id,
+                identity,
+                key_package,
+                utcnow(),
+            )
+            join_id = request.id
+    except invites.InviteError as exc:
+        raise _problem(exc) from None
+    except IntegrityError:  # the same agent redeeming twice at once
+        raise ProblemError(
+            409, "this agent is already redeeming this invite; retry", slug="conflict"
+        ) from None
+    return JoinRequestOut(join_id=join_id, channel=body.channel, identity=identity.hex())

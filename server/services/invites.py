@@ -1,0 +1,150 @@
+"""Channel invites: tokens that let another agent (of any account) join a channel.
+
+A token is ``svc_inv_`` + 43 URL-safe characters (32 random bytes). Only its SHA-256 is
+stored and it is looked up by that digest, as API keys are. Redeeming consumes one use in
+a single conditional UPDATE, so two redeemers racing for the last use cannot both win,
+admits the redeemer's account to the channel, and records the joiner's key package as a
+join request, which the joiner then posts to the channel over the relay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ..db.models import ChannelAccess, Invite, JoinRequest
+from . import channels
+
+PREFIX = "svc_inv_"
+_SHAPE = re.compile(rf"^{PREFIX}[A-Za-z0-9_-]{{43}}$")
+MAX_USES = 10_000
+MAX_TTL = 30 * 24 * 3600
+
+
+class InviteError(Exception):
+    """Why an invite cannot be created or redeemed; ``kind`` picks the HTTP status."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # "not-found" | "expired" | "used-up"
+
+
+@dataclass(frozen=True)
+class NewInvite:
+    id: uuid.UUID
+    token: str
+    expires_at: datetime
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def is_well_formed(token: str) -> bool:
+    return bool(_SHAPE.match(token))
+
+
+def create(
+    session: Session,
+    channel: str,
+    account_id: uuid.UUID,
+    max_uses: int,
+    ttl: int,
+    now: datetime,
+) -> NewInvite:
+    """An invite to ``channel``, which the account must be allowed to use."""
+    if not channels.has_access(session, channel, account_id):
+        # The same answer whether the channel exists or not.
+        raise InviteError("not-found", f"no channel {channel!r} in your account")
+    token = PREFIX + secrets.token_urlsafe(32)
+    invite = Invite(
+        token_hash=digest(token),
+        channel=channel,
+        account_id=account_id,
+        max_uses=max_uses,
+        uses=0,
+        created_at=now,
+        expires_at=now + timedelta(seconds=ttl),
+    )
+    session.add(invite)
+    session.flush()
+    return NewInvite(invite.id, token, invite.expires_at)
+
+
+def redeem(
+    session: Session,
+    token: str,
+    channel: str,
+    account_id: uuid.UUID,
+    identity: bytes,
+    key_package: bytes,
+    now: datetime,
+) -> JoinRequest:
+    """Consumes one use (none when this identity already redeemed this invite, so a
+    joiner can retry) and returns the join request to post to the channel."""
+    invalid = InviteError("not-found", "invite token is not valid for this channel")
+    if not is_well_formed(token):
+        raise invalid
+    invite = session.scalar(select(Invite).where(Invite.token_hash == digest(token)))
+    if invite is None or invite.channel != channel:
+        raise invalid
+    if invite.expires_at <= now:
+        raise InviteError("expired", "invite token has expired")
+    existing = session.scalar(
+        select(JoinRequest).where(
+            JoinRequest.invite_id == invite.id, JoinRequest.identity == identity
+        )
+    )
+    if existing is not None:
+        existing.key_package = key_package
+        existing.created_at = now
+        return existing
+    used = session.execute(
+        update(Invite)
+        .where(Invite.id == invite.id, Invite.uses < Invite.max_uses, Invite.expires_at > now)
+        .values(uses=Invite.uses + 1)
+    )
+    if used.rowcount != 1:  # type: ignore[attr-defined]
+        raise InviteError("used-up", "invite token has no uses left")
+    if not channels.has_access(session, channel, account_id):
+        try:
+            with session.begin_nested():
+                session.add(ChannelAccess(channel=channel, account_id=account_id, admitted_at=now))
+        except IntegrityError:  # the same account redeemed concurrently
+            pass
+    request = JoinRequest(
+        invite_id=invite.id,
+        channel=channel,
+        account_id=account_id,
+        identity=identity,
+        key_package=key_package,
+        created_at=now,
+    )
+    session.add(request)
+    session.flush()
+    return request
+
+
+def pending_key_package(
+    session: Session, join_id: uuid.UUID, channel: str, account_id: uuid.UUID, now: datetime
+) -> tuple[bytes, bytes] | None:
+    """(identity, key package) of the caller's join request, while its invite is valid."""
+    row = session.execute(
+        select(JoinRequest.identity, JoinRequest.key_package)
+        .join(Invite, Invite.id == JoinRequest.invite_id)
+        .where(
+            JoinRequest.id == join_id,
+            JoinRequest.channel == channel,
+            JoinRequest.account_id == account_id,
+            Invite.expires_at > now,
+        )
+    ).first()
+    return None if row is None else (bytes(row[0]), bytes(row[1]))

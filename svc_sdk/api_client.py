@@ -1,0 +1,120 @@
+"""The client side of the account API: exchanging the API key for relay JWTs (spec 5.3)
+and the invite endpoints. Errors become the library's RuntimeError subclasses."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from svc_sdk.errors import AuthError, InternalError, InviteError, TransportError
+
+# Refresh when this share of the token's lifetime has passed (spec 3.2: exchange again
+# before it expires, so a stream never sees an expired token).
+REFRESH_AT = 0.75
+
+
+class ApiClient:
+    """Thread-safe; holds one HTTP connection pool and the current JWT."""
+
+    def __init__(self, api_url: str, api_key: str, timeout: float = 10.0) -> None:
+        self.api_url = api_url.rstrip("/")
+        self._key = api_key
+        self._http = httpx.Client(base_url=self.api_url, timeout=timeout)
+        self._lock = threading.Lock()
+        self._token: str | None = None
+        self._issued = 0.0
+        self._expires = 0.0
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            response = self._http.post(
+                path, json=body, headers={"Authorization": f"Bearer {self._key}"}
+            )
+        except httpx.HTTPError as exc:
+            raise TransportError(f"account API {self.api_url} unreachable: {exc}") from None
+        if response.status_code in (401, 403):
+            raise AuthError(f"API key rejected by {self.api_url}: {_detail(response)}")
+        if response.status_code >= 400:
+            raise _error(response)
+        try:
+            data: dict[str, Any] = response.json()
+        except ValueError:
+            raise InternalError(f"account API answered {path} with non-JSON") from None
+        return data
+
+    # -- tokens ------------------------------------------------------------------------
+
+    def token(self) -> str:
+        """A JWT that is not close to expiry, exchanging the key when needed."""
+        with self._lock:
+            if self._token is None or time.time() >= self.refresh_due():
+                self._exchange()
+            assert self._token is not None
+            return self._token
+
+    def refresh(self) -> str:
+        """Exchanges the key for a new JWT now."""
+        with self._lock:
+            self._exchange()
+            assert self._token is not None
+            return self._token
+
+    def refresh_due(self) -> float:
+        """When the current token should be replaced (epoch seconds)."""
+        return self._issued + (self._expires - self._issued) * REFRESH_AT
+
+    def _exchange(self) -> None:
+        data = self._post("/v1/tokens")
+        try:
+            token = str(data["token"])
+            expires = datetime.fromisoformat(str(data["expires_at"])).timestamp()
+        except (KeyError, ValueError) as exc:
+            raise InternalError(f"unexpected token response: {exc}") from None
+        self._token, self._issued, self._expires = token, time.time(), expires
+
+    # -- invites -----------------------------------------------------------------------
+
+    def create_invite(self, channel: str, max_uses: int, ttl: int) -> str:
+        data = self._post("/v1/invites", {"channel": channel, "max_uses": max_uses, "ttl": ttl})
+        return str(data["token"])
+
+    def redeem_invite(self, channel: str, token: str, key_package: bytes) -> str:
+        """Returns the join request id to post on the relay."""
+        data = self._post(
+            "/v1/invites/redeem",
+            {
+                "channel": channel,
+                "token": token,
+                "key_package": base64.b64encode(key_package).decode(),
+            },
+        )
+        return str(data["join_id"])
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    if isinstance(body, dict) and body.get("detail"):
+        return str(body["detail"])
+    return f"HTTP {response.status_code}"
+
+
+def _error(response: httpx.Response) -> Exception:
+    detail = _detail(response)
+    if response.status_code in (404, 410) and "invite" in detail:
+        return InviteError(detail)
+    if response.status_code == 404:
+        return InviteError(detail)
+    if response.status_code >= 500:
+        return TransportError(f"account API {response.status_code}: {detail}")
+    return InternalError(f"account API {response.status_code}: {detail}")

@@ -1,0 +1,527 @@
+"""A channel: one MLS group on the relay, as a blocking, thread-safe object.
+
+Deliveries from the relay are queued raw by the link's thread and processed in channel
+order by whichever caller needs them next (an iterator, a send, a commit), under the
+channel's lock. Commits from other members are applied on the way, the decrypted
+application messages go into the inbox, and the cursor advances with them.
+
+Commits follow mls-rs's explicit states: a commit is pending until the relay accepts it
+(apply) or another member's commit wins the epoch (clear, process theirs, try again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from svc_sdk._native import Group, MlsError, PendingCommit, inspect
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.errors import ChannelClosedError, SvcError, TransportError, relay_error
+from svc_sdk.relay_client import RelayError
+
+if TYPE_CHECKING:
+    from svc_sdk.client import SvcClient
+
+log = logging.getLogger("svc_sdk.channel")
+
+STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+# RFC 9420 §6: an MLSMessage starts with version (u16) and wire_format (u16);
+# 5 is mls_key_package. The relay has already parsed and checked every message.
+KEY_PACKAGE = b"\x00\x05"
+MAX_PAYLOAD = 1024 * 1024 - 1024  # the relay's 1 MiB message limit, less MLS framing
+MAX_FRAME_MESSAGES = 1024
+MAX_FRAME_BYTES = 4 * 1024 * 1024
+COMMIT_ATTEMPTS = 20
+CONSUMED_FLUSH = 256
+
+# A commit to send and the identities its Welcome is for.
+Planned = tuple[PendingCommit, list[bytes]]
+
+
+class Message:
+    """A decrypted message: its position in the channel, the sender and the payload."""
+
+    __slots__ = ("channel", "data", "sender", "seq")
+
+    def __init__(self, channel: str, seq: int, sender: bytes, data: bytes) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.sender = sender
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"Message(channel={self.channel!r}, seq={self.seq}, {len(self.data)} bytes)"
+
+
+class MessageIterator:
+    """Blocking iterator over a channel's decrypted payloads (bytes), in channel order.
+
+    Ends (StopIteration) when the channel is closed: left, removed, or its client closed.
+    Iterators share the channel's buffer: dropping one and starting another loses and
+    repeats nothing.
+    """
+
+    def __init__(self, channel: Channel, timeout: float | None = None) -> None:
+        self._channel = channel
+        self._timeout = timeout
+
+    def __iter__(self) -> MessageIterator:
+        return self
+
+    def __next__(self) -> bytes:
+        message = self._channel.next_message(self._timeout)
+        if message is None:
+            raise StopIteration
+        return message.data
+
+
+class Channel:
+    """An encrypted channel. Obtain one from :class:`SvcClient`::
+
+    channel = client.create_channel("acme/support/triage")
+    welcome = channel.add_member(key_package)
+    channel.send(b"hello")
+    for payload in channel.messages():
+        ...
+    """
+
+    def __init__(
+        self,
+        client: SvcClient,
+        name: str,
+        group: Group,
+        cursor: int,
+        joined_epoch: int,
+        inbox: list[tuple[int, bytes, bytes]],
+    ) -> None:
+        self.name = name
+        self._client = client
+        self._group = group
+        self._cursor = cursor
+        self._joined_epoch = joined_epoch
+        # Group state and draining, in order. Re-entrant: a commit drains while holding it.
+        self._lock = threading.RLock()
+        # Guards the queues below; never held while calling the engine or the relay.
+        self._cond = threading.Condition()
+        self._raw: deque[pb.Delivery] = deque()
+        self._plain: deque[Message] = deque(Message(name, *row) for row in inbox)
+        self._closed: SvcError | None = None
+        self._consumed = 0
+        self._unflushed = 0
+        self._join_requests: list[tuple[bytes, bytes]] = []
+        self._proposals = False
+        self._in_commit = False
+        #: Add agents whose invite redemption reaches the channel (see join_with_token).
+        self.auto_admit = True
+
+    def __repr__(self) -> str:
+        return f"Channel({self.name!r})"
+
+    # -- what the relay link calls (its thread; must not block) -------------------------
+
+    def deliver(self, items: list[pb.Delivery]) -> None:
+        with self._cond:
+            self._raw.extend(items)
+            self._cond.notify_all()
+
+    def failed(self, error: SvcError) -> None:
+        log.warning("channel %s: %s", self.name, error)
+        self._close(error)
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        """The MLS epoch: it advances with every accepted commit."""
+        self._check_open()
+        return self._group.epoch
+
+    def members(self) -> list[bytes]:
+        """Identities of the current members, in leaf order."""
+        with self._lock:
+            self._check_open()
+            self._drain_available()
+            return self._group.members()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise self._closed
+
+    def _close(self, reason: SvcError) -> None:
+        with self._cond:
+            if self._closed is None:
+                self._closed = reason
+            self._cond.notify_all()
+
+    # -- sending -----------------------------------------------------------------------
+
+    def send(self, payload: bytes) -> None:
+        """Encrypts ``payload`` for every member and returns once the relay stored it."""
+        self.send_batch([payload])
+
+    def send_batch(self, payloads: list[bytes]) -> None:
+        """Sends several messages with one state write and one relay frame per 1,024:
+        the way to high throughput. Returns once the relay stored them all, in order."""
+        if isinstance(payloads, bytes | bytearray | memoryview | str):
+            raise TypeError("send_batch takes a list of bytes; use send() for one message")
+        blobs: list[bytes] = []
+        for payload in payloads:
+            if not isinstance(payload, bytes | bytearray | memoryview):
+                raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+            if len(payload) > MAX_PAYLOAD:
+                raise ValueError(f"payload is {len(payload)} bytes; the limit is {MAX_PAYLOAD}")
+            blobs.append(bytes(payload))
+        if not blobs:
+            return
+        link = self._client.link
+        with self._lock:
+            self._check_open()
+            self._drain_available()  # encrypt in the newest epoch we know of
+            ciphertexts = self._group.encrypt_batch(blobs)
+            # Queued while holding the lock, so frames reach the relay in encryption order;
+            # the acknowledgements are awaited outside it, so other senders pipeline.
+            futures = [
+                link.submit(
+                    link.request(
+                        self._client.timeout, publish=pb.Publish(channel=self.name, message=frame)
+                    )
+                )
+                for frame in _frames(ciphertexts)
+            ]
+        for future in futures:
+            self._client.wait(future)
+
+    # -- receiving ---------------------------------------------------------------------
+
+    def messages(self, timeout: float | None = None) -> MessageIterator:
+        """A blocking iterator over decrypted payloads. With ``timeout`` it also stops
+        after that many seconds without a message."""
+        return MessageIterator(self, timeout)
+
+    def next_message(self, timeout: float | None = None) -> Message | None:
+        """The next message, waiting up to ``timeout`` (None: until one arrives or the
+        channel closes). None on timeout or once closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cond:
+                if self._plain:
+                    message = self._plain.popleft()
+                    self._mark_consumed(message.seq, flush=not self._plain)
+                    return message
+                if self._closed is not None:
+                    return None
+                if not self._raw:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return None
+                    self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
+                    continue
+            self.process_pending()
+
+    def take_buffered(self) -> list[Message]:
+        """Every message already decrypted and waiting, without blocking."""
+        with self._cond:
+            taken = list(self._plain)
+            self._plain.clear()
+            if taken:
+                self._mark_consumed(taken[-1].seq, flush=True)
+            return taken
+
+    def wait_for_deliveries(self, timeout: float) -> bool:
+        """Waits up to ``timeout`` for unprocessed deliveries (for listener threads)."""
+        with self._cond:
+            if not self._raw and self._closed is None:
+                self._cond.wait(timeout)
+            return bool(self._raw)
+
+    def pending(self) -> int:
+        """Decrypted messages waiting to be read."""
+        with self._cond:
+            return len(self._plain)
+
+    def _mark_consumed(self, seq: int, flush: bool) -> None:
+        # Deleting from the inbox per message would be a write per message: batch it. A
+        # crash can then hand out up to CONSUMED_FLUSH messages a second time, never lose one.
+        self._consumed = seq
+        self._unflushed += 1
+        if flush or self._unflushed >= CONSUMED_FLUSH:
+            self._unflushed = 0
+            self._client.state.consumed(self.name, seq)
+
+    def flush(self) -> None:
+        """Records which messages were read (also done by close())."""
+        with self._cond:
+            if self._unflushed:
+                self._unflushed = 0
+                self._client.state.consumed(self.name, self._consumed)
+
+    def process_pending(self) -> None:
+        """Processes everything the relay delivered so far (commits, messages, join
+        requests). Reading and sending do this by themselves."""
+        with self._lock:
+            if self._closed is None:
+                self._drain_available()
+        self._do_pending_work()
+
+    def _take_raw(self, limit: int = 4096) -> list[pb.Delivery]:
+        with self._cond:
+            if len(self._raw) <= limit:
+                items = list(self._raw)
+                self._raw.clear()
+            else:
+                items = [self._raw.popleft() for _ in range(limit)]
+            return items
+
+    def _drain_available(self) -> None:
+        """Processes every queued delivery. Caller holds ``_lock``."""
+        while True:
+            items = self._take_raw()
+            if not items:
+                return
+            self._handle(items)
+
+    def _handle(self, items: list[pb.Delivery]) -> None:
+        me = self._client.identity
+        group = self._group
+        run: list[pb.Delivery] = []
+        received: list[Message] = []
+        removed = False
+
+        def flush_run() -> None:
+            nonlocal removed
+            if not run:
+                return
+            results = group.process_batch([item.message for item in run])
+            for item, result in zip(run, results, strict=True):
+                if isinstance(result, MlsError):
+                    # A message this agent cannot read: from before it joined, a replay
+                    # after a sender's reconnect, or hostile. Skipped, never fatal.
+                    log.debug("channel %s seq %d skipped: %s", self.name, item.seq, result)
+                elif result.kind == "application":
+                    assert result.data is not None
+                    received.append(Message(self.name, item.seq, result.sender or b"", result.data))
+                elif result.kind == "commit":
+                    self._proposals = False
+                    removed = removed or result.self_removed
+                elif result.kind == "proposal":
+                    self._proposals = True
+            run.clear()
+
+        for item in items:
+            if removed:
+                break
+            if item.message[2:4] == KEY_PACKAGE:
+                flush_run()
+                if self.auto_admit:
+                    self._join_requests.append((item.sender, item.message))
+                continue
+            if item.epoch < self._joined_epoch:
+                continue  # from before this agent joined
+            if item.handshake and group.has_pending_commit and item.epoch == group.epoch:
+                flush_run()
+                if item.sender == me:
+                    # Our own commit, echoed: the relay accepted it (we lost the Reply).
+                    group.apply_pending_commit()
+                    self._proposals = False
+                    continue
+                group.clear_pending_commit()  # another member's commit won this epoch
+            elif item.handshake and item.sender == me:
+                continue  # our own commit, already applied when the relay acknowledged it
+            run.append(item)
+        flush_run()
+        cursor = items[-1].seq
+        self._cursor = cursor
+        self._client.state.advance(self.name, cursor, [(m.seq, m.sender, m.data) for m in received])
+        with self._cond:
+            self._plain.extend(received)
+            if received:
+                self._cond.notify_all()
+        if removed:
+            self._client._forget(self, ChannelClosedError(f"removed from channel {self.name!r}"))
+
+    # -- membership (commits) ----------------------------------------------------------
+
+    def add_member(self, key_package: bytes) -> bytes:
+        """Adds the agent whose MLS key package this is; returns the Welcome to hand to
+        it, once the relay accepted the commit. If another member's commit wins the
+        epoch first, that commit is processed and this one retried."""
+        try:
+            info = inspect(bytes(key_package))
+        except TypeError:
+            raise TypeError("key_package must be bytes") from None
+        if info.wire_format != "key_package" or not info.identity:
+            raise MlsError(f"MLS engine error: expected a key package, got a {info.wire_format}")
+        identity = info.identity
+        pending = self._commit(lambda: (self._group.add_members([bytes(key_package)]), [identity]))
+        assert pending is not None and pending.welcome is not None
+        return pending.welcome
+
+    def remove_member(self, identity: bytes | str) -> None:
+        """Removes a member by identity; it can no longer read what is sent afterwards."""
+        ident = identity.encode() if isinstance(identity, str) else bytes(identity)
+        self._commit(lambda: (self._group.remove_members([ident]), []))
+
+    def update_keys(self) -> None:
+        """Refreshes this agent's keys (an MLS update): post-compromise security."""
+        self._commit(lambda: (self._group.self_update(), []))
+
+    def leave(self, timeout: float = 5.0) -> None:
+        """Leaves the channel: asks the other members (an MLS remove proposal) to commit
+        this agent's removal, waits up to ``timeout`` for it, then forgets the channel and
+        its keys. If no member is online, the local state is deleted anyway."""
+        with self._lock:
+            self._check_open()
+            self._drain_available()
+            proposal = self._group.propose_leave()
+            self._relay(publish=pb.Publish(channel=self.name, message=[proposal]))
+        deadline = time.monotonic() + timeout
+        while self._closed is None and time.monotonic() < deadline:
+            with self._cond:
+                if not self._raw:
+                    self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            self.process_pending()
+        if self._closed is None:
+            self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
+
+    def _relay(self, retry: bool = True, **kind: Any) -> pb.Reply:
+        """One request to the relay, waited for; errors as library errors."""
+        link = self._client.link
+        try:
+            return self._client.wait(link.submit(link.request(self._client.timeout, retry, **kind)))
+        except RelayError as exc:
+            raise relay_error(exc, self.name) from None
+
+    def _commit(self, make: Callable[[], Planned | None]) -> PendingCommit | None:
+        """Builds a commit with ``make`` (None: nothing to do any more) and gets it
+        accepted, retrying when another member's commit wins the epoch."""
+        link = self._client.link
+        with self._lock:
+            self._check_open()
+            self._in_commit = True
+            try:
+                for _ in range(COMMIT_ATTEMPTS):
+                    self._drain_available()
+                    self._check_open()
+                    if self._group.has_pending_commit:
+                        self._settle()  # left by a crash or a lost connection
+                    planned = make()
+                    if planned is None:
+                        return None
+                    pending, joiners = planned
+                    frame = pb.Commit(
+                        channel=self.name,
+                        epoch=pending.epoch,
+                        commit=pending.commit,
+                        welcome=pending.welcome or b"",
+                        joiners=joiners,
+                    )
+                    try:
+                        self._client.wait(
+                            link.submit(
+                                link.request(self._client.timeout, retry=False, commit=frame)
+                            )
+                        )
+                    except RelayError as exc:
+                        self._group.clear_pending_commit()
+                        if exc.code != STALE:
+                            raise relay_error(exc, self.name) from None
+                        self._catch_up(exc.reply.epoch)
+                        continue
+                    except TransportError:
+                        # Unknown outcome: the log says (our own commits are echoed).
+                        if self._settle():
+                            return pending
+                        continue
+                    self._group.apply_pending_commit()
+                    self._proposals = False
+                    return pending
+                raise TransportError(
+                    f"channel {self.name!r}: commit kept losing to other members' commits"
+                )
+            finally:
+                self._in_commit = False
+
+    def _catch_up(self, epoch: int) -> None:
+        """Processes deliveries until the group reaches ``epoch``. Caller holds the lock."""
+        deadline = time.monotonic() + self._client.timeout
+        while self._group.epoch < epoch:
+            if time.monotonic() > deadline:
+                raise TransportError(
+                    f"channel {self.name!r}: the relay did not deliver the commit for epoch "
+                    f"{epoch - 1} in time"
+                )
+            with self._cond:
+                if not self._raw:
+                    self._cond.wait(0.05)
+            self._drain_available()
+            self._check_open()
+
+    def _settle(self) -> bool:
+        """A pending commit whose outcome is unknown: read the log up to the relay's head.
+        Our echoed commit applies it (True); another member's clears it. If neither came,
+        it was never stored: drop it (False) so the caller builds a new one."""
+        link = self._client.link
+        reply = self._client.wait(
+            link.submit(
+                link.request(self._client.timeout, create=pb.CreateChannel(channel=self.name))
+            )
+        )
+        self._client.wait(link.submit(link.wait_received(self.name, reply.head_seq, 30.0)))
+        epoch = self._group.epoch
+        self._drain_available()
+        if self._group.has_pending_commit:
+            self._group.clear_pending_commit()
+            return False
+        return self._group.epoch > epoch and not self._closed
+
+    def _do_pending_work(self) -> None:
+        """Adds agents that redeemed invites and commits members' leave proposals."""
+        if self._in_commit or self._closed is not None:
+            return
+        try:
+            while self._join_requests and self._closed is None:
+                if self._commit(self._next_admission) is None:
+                    break
+            if self._proposals and self._closed is None:
+                self._commit(self._commit_proposals)
+        except (SvcError, MlsError) as exc:
+            log.warning("channel %s: %s", self.name, exc)
+
+    def _next_admission(self) -> Planned | None:
+        members = set(self._group.members())
+        self._join_requests = [(w, kp) for w, kp in self._join_requests if w not in members]
+        # One commit per joiner: a bad key package cannot hold up the others.
+        while self._join_requests:
+            who, kp = self._join_requests[0]
+            try:
+                return self._group.add_members([kp]), [who]
+            except MlsError as exc:
+                log.warning("channel %s: join request from %r dropped: %s", self.name, who, exc)
+                self._join_requests.pop(0)
+        return None
+
+    def _commit_proposals(self) -> Planned | None:
+        return (self._group.self_update(), []) if self._proposals else None
+
+
+def _frames(ciphertexts: list[bytes]) -> Iterator[list[bytes]]:
+    frame: list[bytes] = []
+    size = 0
+    for ct in ciphertexts:
+        if frame and (len(frame) >= MAX_FRAME_MESSAGES or size + len(ct) > MAX_FRAME_BYTES):
+            yield frame
+            frame, size = [], 0
+        frame.append(ct)
+        size += len(ct)
+    if frame:
+        yield frame

@@ -1,0 +1,315 @@
+"""``SvcClient`` (spec 4.5): one agent's MLS engine, relay connection and channels.
+
+>>> client = SvcClient("http://127.0.0.1:50051", "/tmp/svc-alice", b"alice",
+...                    api_key=key, api_url="http://127.0.0.1:8000")   # doctest: +SKIP
+>>> channel = client.create_channel("acme/support/triage")            # doctest: +SKIP
+>>> channel.send(b"hello")                                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, TypeVar
+
+from svc_sdk._native import Engine, MlsError
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.api_client import ApiClient
+from svc_sdk.channel import Channel
+from svc_sdk.errors import (
+    AccessError,
+    AuthError,
+    ChannelClosedError,
+    InviteError,
+    SvcError,
+    TransportError,
+    relay_error,
+)
+from svc_sdk.local_state import LocalState
+from svc_sdk.names import check_channel_name
+from svc_sdk.relay_client import RelayError
+from svc_sdk.relay_link import RelayLink, StaticToken, TokenSource
+
+T = TypeVar("T")
+MAX_IDENTITY = 1024
+
+
+def parse_endpoints(endpoint: str) -> list[str]:
+    """``"http://a:50051, http://b:50051"`` → both addresses, in order."""
+    if not isinstance(endpoint, str):
+        raise TypeError("endpoint must be a str")
+    endpoints = [part.strip() for part in endpoint.split(",") if part.strip()]
+    if not endpoints:
+        raise TransportError("no relay address given (endpoint is empty)")
+    return endpoints
+
+
+class SvcClient:
+    """An agent: its identity, its private ``data_dir`` and its channels.
+
+    ``endpoint`` is the relay address, or several separated by commas (tried in turn
+    when one fails). With ``api_key`` the key is exchanged at once for a relay JWT at
+    ``api_url`` and again before each token expires. ``token`` passes a JWT directly
+    instead (it is not renewed).
+
+    Channels the agent is in are restored from ``data_dir`` and resume listening where
+    they stopped. Close the client (or use it as a context manager) when done.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        data_dir: str | os.PathLike[str],
+        identity: bytes,
+        api_key: str | None = None,
+        api_url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if isinstance(identity, str):
+            raise TypeError("identity must be bytes (SvcChannelManager accepts str)")
+        if not isinstance(identity, bytes) or not 0 < len(identity) <= MAX_IDENTITY:
+            raise ValueError("identity must be 1 to 1024 bytes")
+        endpoints = parse_endpoints(endpoint)
+        self.identity = identity
+        self.timeout = timeout
+        self.api: ApiClient | None = None
+        self._channels: dict[str, Channel] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        tokens: TokenSource
+        if api_key:
+            if not api_url:
+                raise AuthError("api_url is required when api_key is set")
+            self.api = ApiClient(api_url, api_key)
+            try:
+                self.api.token()  # spec 4.5: exchanged at creation; a bad key fails here
+            except BaseException:
+                self.api.close()
+                raise
+            tokens = self.api
+        elif token:
+            tokens = StaticToken(token)
+        else:
+            raise AuthError("no API key: pass api_key (or set SVC_API_KEY, or run `svc signup`)")
+        self.engine = Engine(Path(data_dir), identity)
+        self.state = LocalState(self.engine.data_dir)
+        self.link = RelayLink(endpoints, identity, tokens)
+        try:
+            self.link.start(connect_timeout)
+            self._restore()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- plumbing ----------------------------------------------------------------------
+
+    def wait(self, future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
+        """The result of a relay operation, with its errors as library errors."""
+        try:
+            return future.result(self.timeout + 5 if timeout is None else timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TransportError("no answer from the relay in time") from None
+        except concurrent.futures.CancelledError:
+            raise ChannelClosedError("the client is closed") from None
+
+    def _request(self, channel: str, **kind: Any) -> pb.Reply:
+        try:
+            return self.wait(self.link.submit(self.link.request(self.timeout, **kind)))
+        except RelayError as exc:
+            raise relay_error(exc, channel) from None
+
+    def _register(self, name: str, group: Any, cursor: int, joined_epoch: int) -> Channel:
+        channel = Channel(self, name, group, cursor, joined_epoch, self.state.inbox(name))
+        with self._lock:
+            self._channels[name] = channel
+        try:
+            self.wait(self.link.submit(self.link.subscribe(name, cursor, channel, self.timeout)))
+        except RelayError as exc:
+            self._drop(name)
+            raise relay_error(exc, name) from None
+        except BaseException:
+            self._drop(name)
+            raise
+        return channel
+
+    def _drop(self, name: str) -> None:
+        with self._lock:
+            self._channels.pop(name, None)
+
+    def _restore(self) -> None:
+        stored = set(self.engine.group_ids())
+        for name, cursor, joined_epoch in self.state.channels():
+            if name.encode() not in stored:
+                self.state.remove_channel(name)  # removed while we were away
+                continue
+            self._register(name, self.engine.group(name.encode()), cursor, joined_epoch)
+
+    def _forget(self, channel: Channel, reason: SvcError) -> None:
+        """The agent is no longer in ``channel``: stop listening, delete its state."""
+        channel._close(reason)
+        self._drop(channel.name)
+        if not self._closed:
+            with contextlib.suppress(SvcError):
+                self.wait(self.link.submit(self.link.unsubscribe(channel.name)), 5)
+        self.state.remove_channel(channel.name)
+        if channel.name.encode() in self.engine.group_ids():
+            self.engine.delete_group(channel.name.encode())
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosedError("the client is closed")
+
+    # -- spec 4.5 ----------------------------------------------------------------------
+
+    def create_channel(self, name: str) -> Channel:
+        """Creates channel ``name`` (org/namespace/service) with this agent as its first
+        member. Returns the existing Channel if this agent already created or joined it."""
+        check_channel_name(name)
+        self._check_open()
+        with self._lock:
+            existing = self._channels.get(name)
+        if existing is not None:
+            return existing
+        reply = self._request(name, create=pb.CreateChannel(channel=name))
+        if reply.head_seq:
+            raise AccessError(
+                f"channel {name!r} already exists; join it with an invite or a Welcome"
+            )
+        group = self.engine.create_group(name.encode())
+        self.state.add_channel(name, 0, 0)
+        try:
+            return self._register(name, group, 0, 0)
+        except BaseException:
+            self.state.remove_channel(name)
+            self.engine.delete_group(name.encode())
+            raise
+
+    def generate_key_package(self) -> bytes:
+        """A one-time MLS key package to hand to a member, who adds this agent with it."""
+        return self.engine.generate_key_package()
+
+    def join_channel(self, name: str, welcome: bytes, *, after_seq: int = 0) -> Channel:
+        """Joins ``name`` with the MLS Welcome a member's ``add_member`` returned."""
+        check_channel_name(name)
+        self._check_open()
+        if not isinstance(welcome, bytes | bytearray | memoryview):
+            raise TypeError("welcome must be bytes")
+        with self._lock:
+            if name in self._channels:
+                raise MlsError(f"MLS engine error: already a member of channel {name!r}")
+        group = self.engine.join_group(bytes(welcome))
+        if group.group_id != name.encode():
+            self.engine.delete_group(group.group_id)
+            raise MlsError(
+                f"MLS engine error: the Welcome is for channel "
+                f"{group.group_id.decode(errors='replace')!r}, not {name!r}"
+            )
+        epoch = group.epoch
+        self.state.add_channel(name, after_seq, epoch)
+        try:
+            return self._register(name, group, after_seq, epoch)
+        except BaseException:
+            self.state.remove_channel(name)
+            self.engine.delete_group(name.encode())
+            raise
+
+    # -- beyond the spec ---------------------------------------------------------------
+
+    def channel(self, name: str) -> Channel:
+        """A channel this agent is in (KeyError if it is not)."""
+        with self._lock:
+            return self._channels[name]
+
+    def channels(self) -> list[str]:
+        """Names of the channels this agent is in."""
+        with self._lock:
+            return sorted(self._channels)
+
+    def invite(self, channel: str, max_uses: int = 1, ttl: int = 3600) -> str:
+        """An invite token (``svc_inv_…``) for ``channel``, redeemable ``max_uses`` times
+        within ``ttl`` seconds by agents of any account with ``join_with_token``."""
+        check_channel_name(channel)
+        _check_positive("max_uses", max_uses)
+        _check_positive("ttl", ttl)
+        return self._api().create_invite(channel, max_uses, ttl)
+
+    def join_with_token(self, channel: str, token: str, timeout: float = 60.0) -> Channel:
+        """Joins ``channel`` with an invite token: the key package goes to the API server
+        with the token, an online member adds this agent, and the Welcome comes back over
+        the relay. InviteError for a bad, expired or used-up token or a timeout."""
+        check_channel_name(channel)
+        self._check_open()
+        if not isinstance(token, str) or not token.startswith("svc_inv_"):
+            raise InviteError("invite token must be a string starting with svc_inv_")
+        with self._lock:
+            existing = self._channels.get(channel)
+        if existing is not None:
+            return existing
+        deadline = time.monotonic() + timeout
+        key_package = self.engine.generate_key_package()
+        join_id = self._api().redeem_invite(channel, token, key_package)
+        self._request(channel, join=pb.JoinRequest(channel=channel, join_id=join_id))
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise InviteError(
+                    f"no member of channel {channel!r} added this agent within {timeout:g} s; "
+                    "a member must be online (the request stays valid while the invite is)"
+                )
+            try:
+                welcome = self.wait(
+                    self.link.submit(self.link.welcome(channel, remaining)), remaining + 1
+                )
+            except TimeoutError:
+                continue
+            try:
+                return self.join_channel(channel, welcome.welcome, after_seq=welcome.seq)
+            except MlsError:
+                continue  # a Welcome for an older key package of ours that is used up
+
+    def _api(self) -> ApiClient:
+        if self.api is None:
+            raise AuthError("invites need the account API: create the client with api_key")
+        return self.api
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stops the relay connection and closes every channel. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            channels = list(self._channels.values())
+        for channel in channels:
+            channel.flush()
+            channel._close(ChannelClosedError("the client is closed"))
+        # Attributes are missing when the constructor failed part-way.
+        if getattr(self, "link", None) is not None:
+            self.link.close()
+        if self.api is not None:
+            self.api.close()
+        if getattr(self, "state", None) is not None:
+            self.state.close()
+
+    def __enter__(self) -> SvcClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SvcClient(identity={self.identity!r}, relay={self.link.endpoint!r})"
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer")

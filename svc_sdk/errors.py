@@ -1,0 +1,99 @@
+"""The library's exceptions (spec 7.2). Every failure is a RuntimeError whose message
+starts with a prefix naming the subsystem; the subclasses let callers catch one kind.
+
+>>> try:
+...     raise ChannelNameError("acme")
+... except RuntimeError as exc:
+...     print(str(exc)[:62])
+invalid channel name: 'acme'; expected org/namespace/service
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from svc_sdk._native import MlsError
+
+if TYPE_CHECKING:
+    from svc_sdk.relay_client import RelayError
+
+__all__ = [
+    "AccessError",
+    "AuthError",
+    "ChannelClosedError",
+    "ChannelNameError",
+    "InternalError",
+    "InviteError",
+    "MlsError",
+    "SvcError",
+    "TransportError",
+]
+
+
+class SvcError(RuntimeError):
+    """Base of the library's own errors; ``prefix`` starts every message."""
+
+    prefix = "runtime error: "
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(self.prefix + detail)
+        self.detail = detail
+
+
+class AuthError(SvcError):
+    """The API key is invalid, revoked or expired, or the relay refused the token."""
+
+    prefix = "auth error: "
+
+
+class TransportError(SvcError):
+    """The relay or API server is unreachable, or the connection failed."""
+
+    prefix = "transport error: "
+
+
+class ChannelNameError(SvcError):
+    """A channel name not in ``org/namespace/service`` form."""
+
+    prefix = "invalid channel name: "
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"{name!r}; expected org/namespace/service (three parts of 1 to 64 letters, "
+            "digits, '.', '_' or '-')"
+        )
+        self.name = name
+
+
+class InviteError(SvcError):
+    """An invite token that is invalid, expired or used up, or a join that timed out."""
+
+    prefix = "runtime error: "
+
+
+class AccessError(SvcError):
+    """The relay refused the channel: it belongs to another account, or this account
+    was not admitted to it (redeem an invite)."""
+
+
+class ChannelClosedError(SvcError):
+    """The channel was left, this agent was removed from it, or the client closed."""
+
+
+class InternalError(SvcError):
+    """A fault inside the library or an unexpected answer from a server."""
+
+
+def relay_error(exc: RelayError, channel: str) -> SvcError:
+    """The library error for a relay's non-OK Reply."""
+    from svc_sdk.relay_client import code_name
+
+    name = code_name(exc.code)
+    message = exc.reply.message
+    if name == "PERMISSION_DENIED":
+        return AccessError(f"channel {channel!r}: {message}")
+    if name == "UNAUTHENTICATED":
+        return AuthError(f"relay refused the token: {message}")
+    if name in ("UNAVAILABLE", "OUT_OF_RANGE"):
+        return TransportError(f"channel {channel!r}: {message}")
+    return InternalError(f"relay rejected a request for {channel!r} ({name}): {message}")

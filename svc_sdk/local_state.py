@@ -1,0 +1,92 @@
+"""What the client keeps beside the MLS state in ``data_dir`` (``client.sqlite3``, 0600):
+the channels it is in, the relay cursor of each (the last sequence number handled), and
+the inbox of decrypted messages not yet handed to the application.
+
+Decrypted messages go into the inbox in the same transaction that advances the cursor,
+so a restart neither asks the relay for them again (their keys are gone: MLS deletes a
+message key once used) nor loses them. The inbox is plaintext at rest inside the agent's
+private data_dir, the same place that holds the keys that decrypt it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS channels (
+    name TEXT PRIMARY KEY,
+    cursor INTEGER NOT NULL,
+    joined_epoch INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS inbox (
+    channel TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    sender BLOB NOT NULL,
+    payload BLOB NOT NULL,
+    PRIMARY KEY (channel, seq)
+);
+"""
+
+
+class LocalState:
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        path = Path(data_dir) / "client.sqlite3"
+        # Created 0600 before SQLite opens it (the engine made data_dir 0700).
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def channels(self) -> list[tuple[str, int, int]]:
+        """(name, cursor, joined_epoch) of every channel."""
+        with self._lock:
+            return list(self._db.execute("SELECT name, cursor, joined_epoch FROM channels"))
+
+    def add_channel(self, name: str, cursor: int, joined_epoch: int) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO channels VALUES (?, ?, ?)", (name, cursor, joined_epoch)
+            )
+
+    def remove_channel(self, name: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM inbox WHERE channel = ?", (name,))
+            self._db.execute("DELETE FROM channels WHERE name = ?", (name,))
+
+    def advance(self, name: str, cursor: int, received: Iterable[tuple[int, bytes, bytes]]) -> None:
+        """Stores (seq, sender, payload) rows and the new cursor in one transaction."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR IGNORE INTO inbox VALUES (?, ?, ?, ?)",
+                ((name, seq, sender, payload) for seq, sender, payload in received),
+            )
+            self._db.execute("UPDATE channels SET cursor = ? WHERE name = ?", (cursor, name))
+
+    def inbox(self, name: str) -> list[tuple[int, bytes, bytes]]:
+        with self._lock:
+            return [
+                (seq, bytes(sender), bytes(payload))
+                for seq, sender, payload in self._db.execute(
+                    "SELECT seq, sender, payload FROM inbox WHERE channel = ? ORDER BY seq",
+                    (name,),
+                )
+            ]
+
+    def consumed(self, name: str, through_seq: int) -> None:
+        """The application has taken every message up to ``through_seq``."""
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM inbox WHERE channel = ? AND seq <= ?", (name, through_seq)
+            )

@@ -1,0 +1,410 @@
+"""The client's connection to the relay: one stream, kept open by a background thread.
+
+The thread runs an asyncio loop holding a :class:`RelayConnection`. When the stream
+breaks it reconnects with exponential backoff and jitter, moving through the relay
+addresses it was given, and resubscribes every channel after the last sequence number
+it received, so nothing is lost and nothing is delivered twice. Blocking callers in any
+thread use :meth:`RelayLink.request`; deliveries go to each channel's sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+import grpc
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.errors import AuthError, ChannelClosedError, InternalError, SvcError, TransportError
+from svc_sdk.relay_client import RelayConnection, RelayError, code_name
+
+log = logging.getLogger("svc_sdk.relay")
+
+T = TypeVar("T")
+OUT_OF_RANGE = grpc.StatusCode.OUT_OF_RANGE.value[0]
+UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED.value[0]
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 5.0
+OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+    # Reconnecting is ours (with the cursor); grpc's own backoff would only add delay.
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class Sink(Protocol):
+    """Where a channel's deliveries go. Called on the link's thread; must not block."""
+
+    def deliver(self, items: list[pb.Delivery]) -> None: ...
+
+    def failed(self, error: SvcError) -> None: ...
+
+
+class TokenSource(Protocol):
+    def token(self) -> str: ...
+
+    def refresh(self) -> str: ...
+
+    def refresh_due(self) -> float: ...
+
+
+class StaticToken:
+    """A JWT given directly: no refresh (the stream ends when it expires)."""
+
+    def __init__(self, token: str) -> None:
+        self._token = token
+
+    def token(self) -> str:
+        return self._token
+
+    def refresh(self) -> str:
+        return self._token
+
+    def refresh_due(self) -> float:
+        return float("inf")
+
+
+@dataclass
+class _Sub:
+    sink: Sink
+    received: int  # the last seq handed to the sink
+    head: int = 0  # the relay's newest seq when last (re)subscribed
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class RelayLink:
+    def __init__(self, endpoints: list[str], identity: bytes, tokens: TokenSource) -> None:
+        if not endpoints:
+            raise TransportError("no relay address given")
+        self.endpoints = endpoints
+        self.identity = identity
+        self._tokens = tokens
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="svc-relay-link", daemon=True)
+        self._conn: RelayConnection | None = None
+        self._connected: asyncio.Event | None = None
+        self._subs: dict[str, _Sub] = {}
+        self._welcomes: dict[str, list[pb.Welcome]] = {}
+        self._welcome_waiters: dict[str, list[asyncio.Future[pb.Welcome]]] = {}
+        self._closing = False
+        self._error: SvcError | None = None  # why the last connection attempt failed
+        self._fatal: AuthError | None = None  # the API refused the key itself
+        self._main: asyncio.Task[None] | None = None
+        self._endpoint_index = 0
+        self.reconnects = 0
+
+    # -- lifecycle (any thread) --------------------------------------------------------
+
+    def start(self, timeout: float) -> None:
+        """Starts the thread and waits for the first connection."""
+        self._thread.start()
+        try:
+            self.call(self._wait_connected(timeout), timeout + 1)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self._closing:
+            return
+        self._closing = True
+        if self._thread.is_alive():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
+            self._thread.join(5)
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Runs ``coro`` on the link's loop and waits for it (from another thread)."""
+        if self._closing and not self._thread.is_alive():
+            coro.close()
+            raise InternalError("the client is closed")
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TransportError(self._why("no answer from the relay in time")) from None
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedules ``coro`` on the link's loop now (calls keep their order)."""
+        if self._closing:
+            coro.close()
+            raise ChannelClosedError("the client is closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected is not None and self._connected.is_set()
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self._endpoint_index % len(self.endpoints)]
+
+    # -- operations (call through ``call``) --------------------------------------------
+
+    async def request(self, timeout: float, retry: bool = True, **kind: Any) -> pb.Reply:
+        """Sends one frame and returns its OK Reply. Waits out reconnects (resending
+        when ``retry``) until ``timeout``; a non-OK Reply raises RelayError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            conn = await self._wait_connected(deadline - time.monotonic())
+            try:
+                reply = await asyncio.wait_for(
+                    await conn.send(**kind), max(0.0, deadline - time.monotonic())
+                )
+            except (ConnectionError, grpc.RpcError, asyncio.InvalidStateError) as exc:
+                if not retry or time.monotonic() >= deadline:
+                    raise TransportError(f"relay connection lost: {exc}") from None
+                await self._lost(conn)
+                continue
+            except TimeoutError:
+                raise TransportError(self._why("no answer from the relay in time")) from None
+            if reply.code != 0:
+                raise RelayError(reply)
+            return reply
+
+    async def subscribe(self, channel: str, after_seq: int, sink: Sink, timeout: float) -> int:
+        """Registers the sink and subscribes; returns the relay's head seq."""
+        sub = _Sub(sink, after_seq)
+        self._subs[channel] = sub
+        if self.connected:
+            try:
+                await self._subscribe(sub, channel)
+            except BaseException:
+                self._subs.pop(channel, None)
+                raise
+        else:
+            await asyncio.wait_for(sub.ready.wait(), timeout)
+        return sub.head
+
+    async def unsubscribe(self, channel: str) -> None:
+        self._subs.pop(channel, None)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.send(unsubscribe=pb.Unsubscribe(channel=channel))
+
+    async def wait_received(self, channel: str, seq: int, timeout: float) -> None:
+        """Waits until the sink of ``channel`` was handed everything up to ``seq``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sub = self._subs.get(channel)
+            if sub is None or sub.received >= seq:
+                return
+            if time.monotonic() >= deadline:
+                raise TransportError(f"the relay did not deliver {channel!r} up to seq {seq}")
+            await asyncio.sleep(0.005)
+
+    async def welcome(self, channel: str, timeout: float) -> pb.Welcome:
+        """The next Welcome for ``channel`` (one that already arrived counts)."""
+        waiting = self._welcomes.get(channel)
+        if waiting:
+            return waiting.pop(0)
+        future: asyncio.Future[pb.Welcome] = self._loop.create_future()
+        self._welcome_waiters.setdefault(channel, []).append(future)
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            waiters = self._welcome_waiters.get(channel, [])
+            if future in waiters:
+                waiters.remove(future)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._connected = asyncio.Event()
+        self._main = self._loop.create_task(self._maintain())
+        refresher = self._loop.create_task(self._refresh_tokens())
+        with contextlib.suppress(asyncio.CancelledError):
+            self._loop.run_until_complete(self._main)
+        refresher.cancel()
+        with contextlib.suppress(BaseException):
+            self._loop.run_until_complete(refresher)
+        self._loop.close()
+
+    async def _shutdown(self) -> None:
+        if self._main is not None:
+            self._main.cancel()
+
+    def _why(self, default: str) -> str:
+        where = ", ".join(self.endpoints)
+        return (
+            f"{default} ({where}): {self._error.detail}" if self._error else f"{default} ({where})"
+        )
+
+    async def _wait_connected(self, timeout: float) -> RelayConnection:
+        assert self._connected is not None
+        deadline = time.monotonic() + timeout
+        while not self._connected.is_set():
+            if self._fatal is not None:
+                raise self._fatal
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if isinstance(self._error, AuthError):
+                    raise self._error
+                raise TransportError(self._why("relay unreachable"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._connected.wait(), min(remaining, 0.1))
+        assert self._conn is not None
+        return self._conn
+
+    async def _lost(self, conn: RelayConnection) -> None:
+        """The caller saw ``conn`` fail; wait until the maintainer noticed."""
+        if self._conn is conn and conn.closed is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(conn.closed), 1.0)
+        await asyncio.sleep(0)
+
+    async def _maintain(self) -> None:
+        assert self._connected is not None
+        attempt = 0
+        while not self._closing:
+            endpoint = self.endpoint
+            conn: RelayConnection | None = None
+            try:
+                token = await asyncio.to_thread(self._tokens.token)
+                conn = RelayConnection(
+                    endpoint, token, self.identity, options=OPTIONS, on_frame=self._on_frame
+                )
+                await conn.open()
+                # The first Reply proves the stream is up and the token accepted.
+                reply = await asyncio.wait_for(
+                    await conn.send(refresh=pb.Refresh(token=token)), 5.0 if attempt else 10.0
+                )
+                if reply.code != 0:
+                    raise RelayError(reply)
+                self._conn = conn
+                for channel, sub in list(self._subs.items()):
+                    await self._subscribe(sub, channel)
+                self._error = None
+                self._connected.set()
+                if attempt:
+                    self.reconnects += 1
+                    log.info("reconnected to relay %s", endpoint)
+                attempt = 0
+                assert conn.closed is not None
+                status = await conn.closed
+                if status is not None:
+                    self._error = _status_error(status)
+                    log.warning("relay stream ended: %s", self._error)
+            except asyncio.CancelledError:
+                raise
+            except SvcError as exc:
+                self._error = exc
+            except (grpc.RpcError, ConnectionError, TimeoutError, RelayError) as exc:
+                self._error = _status_error(exc)
+            except Exception as exc:  # a bug must not stop reconnecting
+                log.exception("relay connection failed")
+                self._error = InternalError(str(exc))
+            finally:
+                self._connected.clear()
+                self._conn = None
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            if self._closing:
+                break
+            if isinstance(self._error, AuthError):
+                # A rejected token: get a fresh one. A revoked key fails here, at the API,
+                # and callers waiting for the connection get that error at once.
+                try:
+                    await asyncio.to_thread(self._tokens.refresh)
+                    self._fatal = None
+                except AuthError as exc:
+                    self._fatal = exc
+                except SvcError:
+                    pass
+            attempt += 1
+            if attempt > 1 or len(self.endpoints) > 1:
+                self._endpoint_index += 1
+            delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(attempt - 1, 10))
+            # Jitter spreads reconnecting clients out; it needs no cryptographic randomness.
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311
+
+    async def _subscribe(self, sub: _Sub, channel: str) -> None:
+        assert self._conn is not None
+        reply = await asyncio.wait_for(
+            await self._conn.send(subscribe=pb.Subscribe(channel=channel, after_seq=sub.received)),
+            10.0,
+        )
+        if reply.code == OUT_OF_RANGE:
+            sub.sink.failed(TransportError(f"channel {channel!r}: {reply.message}"))
+        elif reply.code != 0:
+            sub.sink.failed(TransportError(f"subscribing to {channel!r}: {reply.message}"))
+        sub.head = reply.head_seq
+        sub.ready.set()
+
+    async def _refresh_tokens(self) -> None:
+        while True:
+            wait = self._tokens.refresh_due() - time.time()
+            if wait == float("inf"):
+                return
+            await asyncio.sleep(max(0.5, wait))
+            try:
+                token = await asyncio.to_thread(self._tokens.refresh)
+            except SvcError as exc:
+                log.warning("token refresh failed: %s", exc)
+                self._error = exc
+                await asyncio.sleep(5)
+                continue
+            conn = self._conn
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.request(timeout=10, refresh=pb.Refresh(token=token))
+
+    def _on_frame(self, frame: pb.ServerFrame) -> None:
+        kind = frame.WhichOneof("kind")
+        if kind == "deliveries":
+            by_channel: dict[str, list[pb.Delivery]] = {}
+            for item in frame.deliveries.items:
+                sub = self._subs.get(item.channel)
+                if sub is None or item.seq <= sub.received:
+                    continue  # already handed over before a reconnect
+                sub.received = item.seq
+                by_channel.setdefault(item.channel, []).append(item)
+            for channel, items in by_channel.items():
+                sub = self._subs.get(channel)
+                if sub is not None:
+                    sub.sink.deliver(items)
+        elif kind == "welcome":
+            w = frame.welcome
+            waiters = self._welcome_waiters.get(w.channel)
+            while waiters:
+                future = waiters.pop(0)
+                if not future.done():
+                    future.set_result(w)
+                    return
+            self._welcomes.setdefault(w.channel, []).append(w)
+        elif kind == "lagged":
+            channel = frame.lagged.channel
+            sub = self._subs.get(channel)
+            if sub is not None and self._conn is not None:
+                self._loop.create_task(self._resubscribe(sub, channel))
+
+    async def _resubscribe(self, sub: _Sub, channel: str) -> None:
+        with contextlib.suppress(Exception):
+            await self._subscribe(sub, channel)
+
+
+def _status_error(exc: BaseException) -> SvcError:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            return AuthError(f"relay refused the token: {exc.details()}")
+        return TransportError(f"relay {exc.code().name}: {exc.details()}")
+    if isinstance(exc, RelayError):
+        if exc.code == UNAUTHENTICATED:
+            return AuthError(f"relay refused the token: {exc.reply.message}")
+        return TransportError(f"relay {code_name(exc.code)}: {exc.reply.message}")
+    return TransportError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)

@@ -1,0 +1,165 @@
+"""``LocalStack``: the account API and the relay on free loopback ports, for tests,
+notebooks and ``svc demo``. Needs the server extra (``pip install 'svc-sdk[server]'``).
+
+>>> with LocalStack() as stack:                                   # doctest: +SKIP
+...     with stack.manager("alice") as alice, stack.manager("bob") as bob:
+...         alice.create("acme/demo/chat")
+...         bob.join_with_token("acme/demo/chat", alice.invite("acme/demo/chat"))
+...         alice.send("acme/demo/chat", "hello")
+...         print(bob.receive("acme/demo/chat"))
+['hello']
+
+The stack is one ``svc up`` process (SQLite in a temporary directory) so the servers
+never share a GIL or an event loop with the agents under test. ``settings`` become
+``SVC_*`` environment variables of that process, e.g. ``token_ttl_seconds=30``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from svc_sdk.errors import InternalError
+from svc_sdk.manager import SvcChannelManager
+
+_ADDRESS = re.compile(r"^svc (account API|relay)\s+(http://\S+)$")
+
+
+class LocalStack:
+    def __init__(self, *, start_timeout: float = 30.0, **settings: Any) -> None:
+        self._settings = settings
+        self._start_timeout = start_timeout
+        self._proc: subprocess.Popen[str] | None = None
+        self._owned_dir: str | None = None
+        self._managers: list[SvcChannelManager] = []
+        self._lock = threading.Lock()
+        self.api_url = ""
+        self.relay_url = ""
+        self.api_key = ""
+        self.account_id = ""
+        self.data_dir = Path()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> LocalStack:
+        self._owned_dir = tempfile.mkdtemp(prefix="svc-stack-")
+        self.data_dir = Path(self._owned_dir)
+        env = dict(os.environ)
+        env.pop("SVC_DATABASE_URL", None)
+        env.pop("SVC_REDIS_URL", None)
+        env["SVC_DATA_DIR"] = str(self.data_dir / "server")
+        for name, value in self._settings.items():
+            env[f"SVC_{name.upper()}"] = str(value)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "svc_sdk.cli", "up", "--api-port", "0", "--relay-port", "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            self._read_addresses()
+            account = self.signup()
+            self.api_key = account["api_key"]["key"]
+            self.account_id = account["account"]["id"]
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _read_addresses(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        found: dict[str, str] = {}
+        deadline = time.monotonic() + self._start_timeout
+        while len(found) < 2:
+            line = self._proc.stdout.readline()
+            if not line:
+                err = self._proc.stderr.read() if self._proc.stderr else ""
+                raise InternalError(f"svc up exited during start-up: {err.strip()}")
+            match = _ADDRESS.match(line.strip())
+            if match:
+                found[match.group(1)] = match.group(2)
+            if time.monotonic() > deadline:
+                raise InternalError("svc up did not start in time")
+        self.api_url, self.relay_url = found["account API"], found["relay"]
+        # Keep the pipes drained so a chatty server never blocks on a full pipe.
+        for stream in (self._proc.stdout, self._proc.stderr):
+            threading.Thread(target=_drain, args=(stream,), daemon=True).start()
+
+    def stop(self) -> None:
+        """Closes the managers it made, stops the servers, deletes the temporary data."""
+        with self._lock:
+            managers, self._managers = self._managers, []
+        for manager in managers:
+            manager.close()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._owned_dir is not None:
+            shutil.rmtree(self._owned_dir, ignore_errors=True)
+            self._owned_dir = None
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def signup(self, email: str | None = None) -> dict[str, Any]:
+        """Creates another account; returns the API's answer (``api_key.key`` is the key)."""
+        email = email or f"agent-{uuid.uuid4().hex[:12]}@example.com"
+        response = httpx.post(f"{self.api_url}/v1/accounts", json={"email": email}, timeout=10)
+        response.raise_for_status()
+        data: dict[str, Any] = response.json()
+        return data
+
+    def agent_dir(self, identity: bytes | str) -> Path:
+        ident = identity.encode() if isinstance(identity, str) else identity
+        return self.data_dir / "agents" / ident.hex()
+
+    def manager(
+        self, identity: bytes | str, *, api_key: str | None = None, **kwargs: Any
+    ) -> SvcChannelManager:
+        """A manager for ``identity`` on this stack (data in the stack's temporary
+        directory, the stack's account unless ``api_key`` is given). Closed by stop()."""
+        manager = SvcChannelManager(
+            identity,
+            endpoint=kwargs.pop("endpoint", self.relay_url),
+            data_dir=kwargs.pop("data_dir", self.agent_dir(identity)),
+            api_key=api_key or self.api_key,
+            api_url=self.api_url,
+            **kwargs,
+        )
+        with self._lock:
+            self._managers.append(manager)
+        return manager
+
+    def kill(self) -> None:
+        """Kills the servers with SIGKILL (for failure tests); ``restart`` brings them back."""
+        assert self._proc is not None
+        self._proc.kill()
+        self._proc.wait()
+
+
+def _drain(stream: Any) -> None:
+    for _ in stream:
+        pass
