@@ -24,7 +24,7 @@ class Settings(BaseSettings):
         "", description="SQLAlchemy URL; empty means SQLite in data_dir (PostgreSQL in production)"
     )
     redis_url: str = Field("", description="Redis URL for shared rate limits (optional)")
-    token_ttl_seconds: int = Field(900, ge=60, le=86_400, description="JWT lifetime")
+    token_ttl_seconds: int = Field(900, ge=5, le=86_400, description="JWT lifetime")
     issuer: str = "svc-api"
     audience: str = "svc-relay"
     signup_rate_limit: str = Field("10/minute", description="Signups per client address")

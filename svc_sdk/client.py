@@ -114,7 +114,9 @@ class SvcClient:
         """The result of a relay operation, with its errors as library errors."""
         try:
             return future.result(self.timeout + 5 if timeout is None else timeout)
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
+            if future.done():
+                raise  # the operation's own timeout
             future.cancel()
             raise TransportError("no answer from the relay in time") from None
         except concurrent.futures.CancelledError:

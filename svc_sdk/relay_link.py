@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import random
 import threading
 import time
@@ -84,6 +85,31 @@ class _Sub:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+_io_lock = threading.Lock()
+_io: asyncio.AbstractEventLoop | None = None
+
+
+def io_loop() -> asyncio.AbstractEventLoop:
+    """The process's one asyncio loop for relay streams, in a daemon thread. grpc.aio
+    binds its completion queue to a loop: every client shares this one, and it is never
+    closed, so closing one client cannot break another."""
+    global _io
+    with _io_lock:
+        if _io is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="svc-io", daemon=True).start()
+            _io = loop
+        return _io
+
+
+def _after_fork() -> None:  # the thread does not survive a fork; the child starts anew
+    global _io
+    _io = None
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 class RelayLink:
     def __init__(self, endpoints: list[str], identity: bytes, tokens: TokenSource) -> None:
         if not endpoints:
@@ -91,8 +117,7 @@ class RelayLink:
         self.endpoints = endpoints
         self.identity = identity
         self._tokens = tokens
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name="svc-relay-link", daemon=True)
+        self._loop = io_loop()
         self._conn: RelayConnection | None = None
         self._connected: asyncio.Event | None = None
         self._subs: dict[str, _Sub] = {}
@@ -101,39 +126,47 @@ class RelayLink:
         self._closing = False
         self._error: SvcError | None = None  # why the last connection attempt failed
         self._fatal: AuthError | None = None  # the API refused the key itself
-        self._main: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
         self._endpoint_index = 0
         self.reconnects = 0
 
     # -- lifecycle (any thread) --------------------------------------------------------
 
     def start(self, timeout: float) -> None:
-        """Starts the thread and waits for the first connection."""
-        self._thread.start()
+        """Starts maintaining the connection and waits for it to come up."""
+        self._started = True
+        asyncio.run_coroutine_threadsafe(self._begin(), self._loop).result(5)
         try:
             self.call(self._wait_connected(timeout), timeout + 1)
         except BaseException:
             self.close()
             raise
 
+    async def _begin(self) -> None:
+        self._connected = asyncio.Event()
+        self._tasks = [
+            asyncio.create_task(self._maintain()),
+            asyncio.create_task(self._refresh_tokens()),
+        ]
+
     def close(self) -> None:
+        """Closes the stream and stops reconnecting; waits up to 5 s for it."""
         if self._closing:
             return
         self._closing = True
-        if self._thread.is_alive():
+        if self._started:
             with contextlib.suppress(Exception):
                 asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
-            self._thread.join(5)
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Runs ``coro`` on the link's loop and waits for it (from another thread)."""
-        if self._closing and not self._thread.is_alive():
-            coro.close()
-            raise InternalError("the client is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        future = self.submit(coro)
         try:
             return future.result(timeout)
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
+            if future.done():
+                raise  # the operation's own timeout, not ours
             future.cancel()
             raise TransportError(self._why("no answer from the relay in time")) from None
 
@@ -222,21 +255,12 @@ class RelayLink:
 
     # -- the loop ----------------------------------------------------------------------
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._connected = asyncio.Event()
-        self._main = self._loop.create_task(self._maintain())
-        refresher = self._loop.create_task(self._refresh_tokens())
-        with contextlib.suppress(asyncio.CancelledError):
-            self._loop.run_until_complete(self._main)
-        refresher.cancel()
-        with contextlib.suppress(BaseException):
-            self._loop.run_until_complete(refresher)
-        self._loop.close()
-
     async def _shutdown(self) -> None:
-        if self._main is not None:
-            self._main.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
 
     def _why(self, default: str) -> str:
         where = ", ".join(self.endpoints)

@@ -56,22 +56,8 @@ class LocalStack:
     def start(self) -> LocalStack:
         self._owned_dir = tempfile.mkdtemp(prefix="svc-stack-")
         self.data_dir = Path(self._owned_dir)
-        env = dict(os.environ)
-        env.pop("SVC_DATABASE_URL", None)
-        env.pop("SVC_REDIS_URL", None)
-        env["SVC_DATA_DIR"] = str(self.data_dir / "server")
-        for name, value in self._settings.items():
-            env[f"SVC_{name.upper()}"] = str(value)
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "svc_sdk.cli", "up", "--api-port", "0", "--relay-port", "0"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
         try:
-            self._read_addresses()
+            self._launch(0, 0)
             account = self.signup()
             self.api_key = account["api_key"]["key"]
             self.account_id = account["account"]["id"]
@@ -79,6 +65,24 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    def _launch(self, api_port: int, relay_port: int) -> None:
+        env = dict(os.environ)
+        env.pop("SVC_DATABASE_URL", None)
+        env.pop("SVC_REDIS_URL", None)
+        env["SVC_DATA_DIR"] = str(self.data_dir / "server")
+        for name, value in self._settings.items():
+            env[f"SVC_{name.upper()}"] = str(value)
+        command = ["up", "--api-port", str(api_port), "--relay-port", str(relay_port)]
+        self._proc = subprocess.Popen(  # noqa: S603 - our own interpreter, fixed arguments
+            [sys.executable, "-m", "svc_sdk.cli", *command],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self._read_addresses()
 
     def _read_addresses(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -158,6 +162,14 @@ class LocalStack:
         assert self._proc is not None
         self._proc.kill()
         self._proc.wait()
+
+    def restart(self) -> None:
+        """Starts the servers again on the same ports with the same data."""
+        if self._proc is not None and self._proc.poll() is None:
+            self.kill()
+        api_port = int(self.api_url.rsplit(":", 1)[1])
+        relay_port = int(self.relay_url.rsplit(":", 1)[1])
+        self._launch(api_port, relay_port)
 
 
 def _drain(stream: Any) -> None:

@@ -68,6 +68,10 @@ class Member:
         assert self.group is not None
         delivery = await asyncio.wait_for(self.conn.deliveries.get(), timeout)
         self.cursor = delivery.seq
+        while delivery.handshake and delivery.sender == self.identity:
+            # Own commits are echoed (already applied on the Reply): skip them.
+            delivery = await asyncio.wait_for(self.conn.deliveries.get(), timeout)
+            self.cursor = delivery.seq
         received = self.group.process(delivery.message)
         if received.data is not None:
             self.received.append(received.data)

@@ -189,7 +189,9 @@ async def test_cursor_behind_retention_is_a_clear_error(stack: Stack, account: A
     await conn.open()
     await conn.request(create=pb.CreateChannel(channel=CHANNEL))
     for _ in range(3):
-        await conn.request(publish=pb.Publish(channel=CHANNEL, message=[engine_group_message(stack)]))
+        await conn.request(
+            publish=pb.Publish(channel=CHANNEL, message=[engine_group_message(stack)])
+        )
     await stack.relay.relay.store.trim(time.time() + 1)  # as if retention had passed
     reply = await conn.request(check=False, subscribe=pb.Subscribe(channel=CHANNEL, after_seq=0))
     assert reply.code == grpc.StatusCode.OUT_OF_RANGE.value[0]

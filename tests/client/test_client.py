@@ -1,0 +1,256 @@
+"""SvcClient and Channel (spec 4.5) against a real local stack: API, relay, MLS."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from svc_sdk import (
+    AuthError,
+    ChannelNameError,
+    MlsError,
+    SvcClient,
+    TransportError,
+)
+from svc_sdk.testing import LocalStack
+
+from ..support import free_port
+from .helpers import client, pair, take
+
+
+def test_two_agents_exchange_both_ways(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("alice"), ids("bob"))
+    with ca, cb:
+        chan_a.send(b"hello bob")
+        chan_b.send(b"hello alice")
+        assert take(chan_b, 1) == [b"hello bob"]
+        assert take(chan_a, 1) == [b"hello alice"]
+        # Own messages are not echoed back.
+        assert chan_a.next_message(0.3) is None
+        assert sorted(chan_a.members()) == sorted([ids("alice").encode(), ids("bob").encode()])
+        assert chan_a.epoch == chan_b.epoch == 1
+
+
+def test_three_agents_in_one_channel(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    cc = client(stack, ids("c"))
+    with ca, cb, cc:
+        chan_c = cc.join_channel(channel_name, chan_b.add_member(cc.generate_key_package()))
+        chan_a.send(b"from a")
+        chan_c.send(b"from c")
+        assert sorted(take(chan_b, 2)) == [b"from a", b"from c"]
+        assert take(chan_c, 1) == [b"from a"]
+        assert take(chan_a, 1) == [b"from c"]  # a applied b's commit on the way
+        assert len(chan_a.members()) == 3
+
+
+def test_messages_iterator_blocks_keeps_order_and_resumes(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        received: list[bytes] = []
+
+        def read(n: int) -> None:
+            for payload in chan_b.messages():  # blocks until messages arrive
+                received.append(payload)
+                if len(received) == n:
+                    return
+
+        reader = threading.Thread(target=read, args=(5,))
+        reader.start()
+        for i in range(10):
+            chan_a.send(f"m{i}".encode())
+        reader.join(20)
+        # The first iterator was dropped after five; a second one goes on from there.
+        rest = [next(iter(chan_b.messages())) for _ in range(5)]
+        assert received + rest == [f"m{i}".encode() for i in range(10)]
+
+
+def test_send_from_threads_while_another_thread_iterates(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.extend(take(chan_b, 300)))
+        reader.start()
+        senders = [
+            threading.Thread(
+                target=lambda t=t: [chan_a.send(f"{t}:{i}".encode()) for i in range(100)]
+            )
+            for t in range(3)
+        ]
+        for s in senders:
+            s.start()
+        for s in senders:
+            s.join(60)
+        reader.join(60)
+        assert len(got) == 300 and len(set(got)) == 300
+        for t in range(3):  # each thread's messages arrive in the order it sent them
+            mine = [g for g in got if g.startswith(f"{t}:".encode())]
+            assert mine == [f"{t}:{i}".encode() for i in range(100)]
+
+
+def test_send_batch_keeps_order(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        payloads = [f"b{i}".encode() for i in range(2500)]  # more than one frame
+        chan_a.send_batch(payloads)
+        assert take(chan_b, 2500) == payloads
+
+
+def test_concurrent_add_member_retries_after_losing_the_epoch(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    cc, cd = client(stack, ids("c")), client(stack, ids("d"))
+    with ca, cb, cc, cd:
+        kps = {"c": cc.generate_key_package(), "d": cd.generate_key_package()}
+        welcomes: dict[str, bytes] = {}
+        start = threading.Barrier(2)
+
+        def add(chan: Any, who: str) -> None:
+            start.wait()
+            welcomes[who] = chan.add_member(kps[who])
+
+        threads = [
+            threading.Thread(target=add, args=(chan_a, "c")),
+            threading.Thread(target=add, args=(chan_b, "d")),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert set(welcomes) == {"c", "d"}
+        chan_c = cc.join_channel(channel_name, welcomes["c"])
+        chan_d = cd.join_channel(channel_name, welcomes["d"])
+        chan_a.send(b"everyone")
+        for chan in (chan_b, chan_c, chan_d):
+            assert take(chan, 1) == [b"everyone"]
+        assert chan_a.epoch == 3
+
+
+def test_remove_member_ends_its_iterator(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        chan_a.remove_member(ids("b"))
+        assert list(chan_b.messages(timeout=10)) == []  # ends: b was removed
+        assert chan_b.closed and channel_name not in cb.channels()
+        chan_a.send(b"after removal")
+        assert chan_a.members() == [ids("a").encode()]
+
+
+def test_leave_is_committed_by_another_member(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        stop = threading.Event()
+
+        def listen() -> None:  # a member must be online to commit the removal
+            while not stop.is_set():
+                chan_a.wait_for_deliveries(0.1)
+                chan_a.process_pending()
+
+        listener = threading.Thread(target=listen)
+        listener.start()
+        try:
+            chan_b.leave()
+        finally:
+            stop.set()
+            listener.join(5)
+        assert chan_b.closed and cb.channels() == []
+        assert chan_a.members() == [ids("a").encode()]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "acme",
+        "acme/ops",
+        "acme/ops/x/y",
+        "acme//x",
+        "/ops/x",
+        "acme/ops/",
+        "a b/c/d",
+        "a/b/c\n",
+        "ü/b/c",
+        "x" * 65 + "/b/c",
+        "",
+    ],
+)
+def test_invalid_channel_name_repeats_it_and_states_the_format(
+    stack: LocalStack, ids: Any, name: str
+) -> None:
+    with client(stack, ids("a")) as c:
+        for call in (c.create_channel, lambda n: c.join_channel(n, b"x"), c.invite):
+            with pytest.raises(ChannelNameError) as info:
+                call(name)
+            message = str(info.value)
+            assert message.startswith("invalid channel name: ")
+            assert repr(name) in message and "org/namespace/service" in message
+            assert isinstance(info.value, RuntimeError)
+
+
+def test_bad_welcome_and_key_package_are_mls_errors(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    cc = client(stack, ids("c"))
+    with ca, cb, cc:
+        with pytest.raises(MlsError, match="^MLS engine error: "):
+            cc.join_channel("acme/tests/other", b"\x00\x01garbage")
+        with pytest.raises(MlsError, match="^MLS engine error: "):
+            chan_a.add_member(b"not a key package")
+        # A Welcome for one channel cannot join another.
+        welcome = chan_a.add_member(cc.generate_key_package())
+        with pytest.raises(MlsError, match="is for channel"):
+            cc.join_channel("acme/tests/elsewhere", welcome)
+        assert cc.channels() == []
+        # Nothing was corrupted: the channel goes on.
+        chan_a.send(b"still fine")
+        assert take(chan_b, 1) == [b"still fine"]
+
+
+def test_auth_errors(stack: LocalStack, ids: Any, tmp_path: Any) -> None:
+    common = (stack.relay_url, tmp_path / "x", b"x")
+    with pytest.raises(AuthError, match="^auth error: api_url is required"):
+        SvcClient(*common, api_key=stack.api_key)
+    with pytest.raises(AuthError, match="^auth error: "):
+        SvcClient(*common, api_key="sk_live_" + "0" * 49, api_url=stack.api_url)
+    with pytest.raises(AuthError, match="^auth error: no API key"):
+        SvcClient(*common)
+    # A revoked key stops working for new clients at once.
+    key = stack.signup()["api_key"]["key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    keys = httpx.get(f"{stack.api_url}/v1/keys", headers=headers).json()["keys"]
+    httpx.delete(f"{stack.api_url}/v1/keys/{keys[0]['id']}", headers=headers)
+    with pytest.raises(AuthError, match="^auth error: API key rejected"):
+        SvcClient(*common, api_key=key, api_url=stack.api_url)
+
+
+def test_unreachable_relay_is_a_transport_error(stack: LocalStack, tmp_path: Any) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TransportError, match="^transport error: relay unreachable"):
+        SvcClient(
+            dead,
+            tmp_path / "x",
+            b"x",
+            api_key=stack.api_key,
+            api_url=stack.api_url,
+            connect_timeout=1.0,
+        )
+
+
+def test_another_accounts_channel_is_refused(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    other_key = stack.signup()["api_key"]["key"]
+    with client(stack, ids("a")) as a, client(stack, ids("m"), api_key=other_key) as m:
+        a.create_channel(channel_name)
+        with pytest.raises(RuntimeError, match="^runtime error: channel .* already|no access"):
+            m.create_channel(channel_name)
