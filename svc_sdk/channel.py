@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
@@ -172,7 +172,7 @@ class Channel:
     def send_batch(self, payloads: list[bytes]) -> None:
         """Sends several messages with one state write and one relay frame per 1,024:
         the way to high throughput. Returns once the relay stored them all, in order."""
-        if isinstance(payloads, bytes | bytearray | memoryview | str):
+        if isinstance(cast(object, payloads), bytes | bytearray | memoryview | str):
             raise TypeError("send_batch takes a list of bytes; use send() for one message")
         blobs: list[bytes] = []
         for payload in payloads:

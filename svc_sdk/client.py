@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from svc_sdk._native import Engine, MlsError
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -72,7 +72,7 @@ class SvcClient:
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
     ) -> None:
-        if isinstance(identity, str):
+        if isinstance(cast(object, identity), str):
             raise TypeError("identity must be bytes (SvcChannelManager accepts str)")
         if not isinstance(identity, bytes) or not 0 < len(identity) <= MAX_IDENTITY:
             raise ValueError("identity must be 1 to 1024 bytes")

@@ -338,7 +338,7 @@ class RelayLink:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
-            if self._closing:
+            if self._stopping():
                 break
             if isinstance(self._error, AuthError):
                 # A rejected token: get a fresh one. A revoked key fails here, at the API,
@@ -356,6 +356,9 @@ class RelayLink:
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(attempt - 1, 10))
             # Jitter spreads reconnecting clients out; it needs no cryptographic randomness.
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311
+
+    def _stopping(self) -> bool:  # a method: close() flips the flag from another thread
+        return self._closing
 
     async def _subscribe(self, sub: _Sub, channel: str) -> None:
         assert self._conn is not None

@@ -9,7 +9,7 @@ import pytest
 
 from svc_sdk.mls import Engine
 
-from .support import PostgresServer, optional_server
+from .support import PostgresServer, RedisServer, optional_server
 
 
 @pytest.fixture
@@ -25,4 +25,10 @@ def make_engine(tmp_path: Path) -> Callable[[str], Engine]:
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer | None]:
     with optional_server(PostgresServer, "postgresql") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer | None]:
+    with optional_server(RedisServer, "redis-server") as server:
         yield server

@@ -4,7 +4,7 @@ own channel names and agent identities, so tests stay independent."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -25,7 +25,7 @@ def channel_name() -> str:
 
 
 @pytest.fixture
-def ids(request: pytest.FixtureRequest) -> Iterator[object]:
+def ids() -> Callable[[str], str]:
     """Unique agent identities for this test: ids("alice") -> "alice-<n>"."""
     n = next(_names)
-    yield lambda name: f"{name}-{n}"
+    return lambda name: f"{name}-{n}"

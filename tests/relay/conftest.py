@@ -3,7 +3,7 @@ the channel log in SQLite or in a real redis-server."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,18 +15,12 @@ from svc_sdk.relay_client import RelayConnection
 from svc_server.config import Settings
 from svc_server.stack import Stack, start_stack, stop_stack
 
-from ..support import RedisServer, optional_server
+from ..support import RedisServer
 
 
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer | None]:
-    with optional_server(RedisServer, "redis-server") as server:
-        yield server
 
 
 @pytest.fixture(params=["sqlite", "redis"])

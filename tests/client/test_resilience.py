@@ -1,0 +1,161 @@
+"""Failures the client rides out: relay restarts, a relay process dying behind a list of
+addresses, token expiry. Real processes, real kill -9."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from svc_sdk import SvcClient
+from svc_sdk.testing import LocalStack
+
+from ..support import PostgresServer, RedisServer, free_port, wait_healthy
+from .helpers import client, pair, take
+
+
+def test_relay_restart_loses_nothing_and_duplicates_nothing(ids: Any) -> None:
+    with LocalStack() as stack:
+        channel = "acme/tests/restart"
+        ca, chan_a, cb, chan_b = pair(stack, channel, ids("a"), ids("b"))
+        with ca, cb:
+            for i in range(20):
+                chan_a.send(f"m{i}".encode())
+            assert take(chan_b, 10) == [f"m{i}".encode() for i in range(10)]
+            stack.kill()  # SIGKILL: no goodbye to anyone
+            sent = threading.Thread(
+                target=lambda: [chan_a.send(f"m{i}".encode()) for i in range(20, 40)]
+            )
+            sent.start()  # blocks while the relay is down, then goes through
+            time.sleep(0.5)
+            stack.restart()
+            sent.join(60)
+            got = take(chan_b, 30, timeout=30)
+            assert got == [f"m{i}".encode() for i in range(10, 40)]
+            assert chan_b.next_message(0.5) is None  # and nothing twice
+            assert cb.link.reconnects >= 1 and ca.link.reconnects >= 1
+
+
+def test_token_is_renewed_before_it_expires(ids: Any) -> None:
+    with LocalStack(token_ttl_seconds=6) as stack:
+        channel = "acme/tests/tokens"
+        ca, chan_a, cb, chan_b = pair(stack, channel, ids("a"), ids("b"))
+        with ca, cb:
+            first = ca.api.token() if ca.api else ""
+            time.sleep(8)  # past the first token's expiry
+            chan_a.send(b"still authenticated")
+            assert take(chan_b, 1) == [b"still authenticated"]
+            assert ca.api is not None and ca.api.token() != first
+            assert ca.link.reconnects == 0 and cb.link.reconnects == 0
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "svc_sdk.cli", *args],
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_failover_between_relays_on_redis(
+    tmp_path: Path, postgres: PostgresServer | None, redis_server: RedisServer | None, ids: Any
+) -> None:
+    if redis_server is None:
+        pytest.skip("no redis-server on this machine")
+    redis_server.flush()
+    database = (
+        postgres.create_database(f"client_{os.getpid()}_{time.monotonic_ns()}")
+        if postgres is not None
+        else f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    )
+    common = ["--data-dir", str(tmp_path / "server"), "--database-url", database]
+    api_port, a_port, b_port = free_port(), free_port(), free_port()
+    api_url = f"http://127.0.0.1:{api_port}"
+    api = _start(["api", "--port", str(api_port), *common])
+    relays: list[subprocess.Popen[str]] = []
+    try:
+        wait_healthy(api_url, api)
+        for port in (a_port, b_port):
+            relays.append(
+                _start(
+                    [
+                        "relay",
+                        "--port",
+                        str(port),
+                        "--redis-url",
+                        redis_server.url,
+                        "--api-url",
+                        api_url,
+                        *common,
+                    ]
+                )
+            )
+        import httpx
+
+        key = httpx.post(f"{api_url}/v1/accounts", json={"email": "fo@example.com"}).json()[
+            "api_key"
+        ]["key"]
+        both = f"http://127.0.0.1:{a_port},http://127.0.0.1:{b_port}"
+
+        def make(name: str, endpoint: str) -> SvcClient:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    return SvcClient(
+                        endpoint, tmp_path / name, name.encode(), key, api_url, connect_timeout=2
+                    )
+                except RuntimeError:
+                    if time.monotonic() > deadline:
+                        raise
+
+        alice = make(ids("alice"), both)  # on relay A, the first address
+        bob = make(ids("bob"), f"http://127.0.0.1:{b_port}")
+        with alice, bob:
+            chan_a = alice.create_channel("acme/tests/failover")
+            chan_b = bob.join_channel(
+                "acme/tests/failover", chan_a.add_member(bob.generate_key_package())
+            )
+            for i in range(10):
+                chan_a.send(f"m{i}".encode())
+            assert take(chan_b, 10) == [f"m{i}".encode() for i in range(10)]
+            relays[0].kill()  # relay A dies: alice moves on to B
+            relays[0].wait()
+            for i in range(10, 20):
+                chan_a.send(f"m{i}".encode())
+            bob_to_alice = [f"r{i}".encode() for i in range(5)]
+            for payload in bob_to_alice:
+                chan_b.send(payload)
+            assert take(chan_b, 10) == [f"m{i}".encode() for i in range(10, 20)]
+            assert take(chan_a, 5) == bob_to_alice
+            assert alice.link.endpoint.endswith(str(b_port))
+            assert chan_b.next_message(0.3) is None
+    finally:
+        for proc in [*relays, api]:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+
+
+def test_agent_restart_resumes_from_its_cursor(stack: LocalStack, ids: Any) -> None:
+    channel = f"acme/tests/agent-restart-{time.monotonic_ns()}"
+    ca, chan_a, cb, chan_b = pair(stack, channel, ids("a"), ids("b"))
+    with ca:
+        chan_a.send(b"one")
+        assert take(chan_b, 1) == [b"one"]
+        cb.close()
+        chan_a.send(b"two")
+        chan_a.update_keys()  # a commit while bob is away
+        chan_a.send(b"three")
+        with client(stack, ids("b")) as again:
+            chan = again.channel(channel)
+            assert take(chan, 2) == [b"two", b"three"]
+            chan.send(b"back")
+            assert take(chan_a, 1) == [b"back"]
