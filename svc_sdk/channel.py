@@ -36,7 +36,9 @@ STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 KEY_PACKAGE = b"\x00\x05"
 MAX_PAYLOAD = 1024 * 1024 - 1024  # the relay's 1 MiB message limit, less MLS framing
 MAX_FRAME_MESSAGES = 1024
-MAX_FRAME_BYTES = 4 * 1024 * 1024
+# The relay accepts frames up to its message limit plus 64 KiB (1 MiB + 64 KiB by
+# default); a batch frame stays under the message limit itself.
+MAX_FRAME_BYTES = 960 * 1024
 COMMIT_ATTEMPTS = 20
 CONSUMED_FLUSH = 256
 

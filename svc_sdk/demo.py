@@ -1,65 +1,126 @@
-"""``svc demo``: two agents create an encrypted channel and talk both ways.
+"""``svc demo``: a local stack, two agents in two processes, an invite, and encrypted
+messages both ways with timings.
 
-Until the relay lands, the demo runs the MLS engine end to end in one process, with
-each agent in its own private data_dir and messages handed over as serialized bytes,
-exactly as they would cross the network.
+The parent starts the account API and the relay (:class:`~svc_sdk.testing.LocalStack`),
+then runs each agent as ``python -m svc_sdk.demo <role>`` with only ``SVC_*`` settings
+in its environment, as a real deployment would. Alice creates a channel and prints an
+invite token; the parent hands the token to Bob, who joins with it; then they talk.
 """
 
 from __future__ import annotations
 
-import tempfile
+import os
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import TypeVar
 
-from svc_sdk.mls import Engine, Group
+from svc_sdk.manager import SvcChannelManager
 
-T = TypeVar("T")
+CHANNEL = "demo/agents/chat"
 
 
-def _timed(fn: Callable[[], T]) -> tuple[T, float]:
-    start = time.perf_counter()
-    result = fn()
-    return result, (time.perf_counter() - start) * 1000
+def _ms(start: float) -> str:
+    return f"{(time.perf_counter() - start) * 1000:.1f} ms"
 
 
-def _exchange(out: Callable[[str], None], sender: Group, receiver: Group, text: str) -> None:
-    ciphertext, enc_ms = _timed(lambda: sender.encrypt(text.encode()))
-    received, dec_ms = _timed(lambda: receiver.process(ciphertext))
-    name = (received.sender or b"?").decode()
-    out(
-        f"{name:>5} said {(received.data or b'').decode()!r:40} {len(ciphertext)} B ciphertext, "
-        f"encrypt {enc_ms:.2f} ms, decrypt {dec_ms:.2f} ms"
+def alice(rounds: int) -> None:
+    with SvcChannelManager("alice") as me:
+        start = time.perf_counter()
+        me.create(CHANNEL)
+        print(f"created {CHANNEL} (MLS group, epoch 0) in {_ms(start)}", flush=True)
+        print(f"token {me.invite(CHANNEL)}", flush=True)
+        for _ in range(rounds):
+            got = me.receive(CHANNEL, timeout=60)
+            for text in got:
+                print(f"received {text!r}", flush=True)
+                me.send(CHANNEL, f"re: {text}")
+        print(f"members: {', '.join(m.decode() for m in me.members(CHANNEL))}", flush=True)
+
+
+def bob(rounds: int, token: str) -> None:
+    with SvcChannelManager("bob") as me:
+        start = time.perf_counter()
+        me.join_with_token(CHANNEL, token, timeout=30)
+        print(f"joined {CHANNEL} with the invite token in {_ms(start)}", flush=True)
+        for i in range(rounds):
+            start = time.perf_counter()
+            me.send(CHANNEL, f"hello alice #{i + 1}")
+            reply = me.receive(CHANNEL, timeout=30)
+            print(f"received {', '.join(map(repr, reply))}, round trip {_ms(start)}", flush=True)
+
+
+def _spawn(role: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(  # noqa: S603 - our own interpreter, fixed arguments
+        [sys.executable, "-m", "svc_sdk.demo", role, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
-def run(out: Callable[[str], None] = print, rounds: int = 3) -> None:
-    """Runs the demo, writing human-readable lines to ``out``."""
+def _relay_output(
+    proc: subprocess.Popen[str],
+    name: str,
+    out: Callable[[str], None],
+    on_token: Callable[[str], None],
+) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        line = line.rstrip("\n")
+        if line.startswith("token "):
+            on_token(line.split(" ", 1)[1])
+            out(f"{name:>5} | invite token {line[6:18]}… (handed to bob)")
+        else:
+            out(f"{name:>5} | {line}")
 
-    def step(label: str, ms: float) -> None:
-        out(f"{label:<48}{ms:8.2f} ms")
 
-    with tempfile.TemporaryDirectory(prefix="svc-demo-") as tmp:
-        alice = Engine(Path(tmp, "alice"), b"alice")
-        bob = Engine(Path(tmp, "bob"), b"bob")
-        out(f"agents: alice and bob, cipher suite {alice.cipher_suite}, private data dirs in {tmp}")
+def run(rounds: int = 3, out: Callable[[str], None] = print) -> None:
+    from svc_sdk.testing import LocalStack  # needs the server extra
 
-        channel, ms = _timed(lambda: alice.create_group(b"acme/support/triage"))
-        step("alice created channel acme/support/triage", ms)
-        key_package, ms = _timed(bob.generate_key_package)
-        step(f"bob generated a key package ({len(key_package)} B)", ms)
-        pending, ms = _timed(lambda: channel.add_members([key_package]))
-        channel.apply_pending_commit()
-        step(f"alice added bob (commit {len(pending.commit)} B)", ms)
-        welcome = pending.welcome or b""
-        bob_channel, ms = _timed(lambda: bob.join_group(welcome))
-        step(f"bob joined from the Welcome, epoch {bob_channel.epoch}", ms)
+    started = time.perf_counter()
+    with LocalStack() as stack:
+        out(f"local stack up in {_ms(started)}: API {stack.api_url}, relay {stack.relay_url}")
+        base = {
+            **os.environ,
+            "SVC_RELAY": stack.relay_url,
+            "SVC_API_URL": stack.api_url,
+            "SVC_API_KEY": stack.api_key,
+        }
+        token: list[str] = []
+        got_token = threading.Event()
 
-        for i in range(rounds):
-            for sender, receiver, text in (
-                (channel, bob_channel, f"alice -> bob: task {i} is ready"),
-                (bob_channel, channel, f"bob -> alice: task {i} acknowledged"),
-            ):
-                _exchange(out, sender, receiver, text)
-        out("done: every message was encrypted by one agent and decrypted by the other")
+        def keep(t: str) -> None:
+            token.append(t)
+            got_token.set()
+
+        first = _spawn(
+            "alice", {**base, "SVC_DATA_DIR": str(stack.agent_dir("alice"))}, str(rounds)
+        )
+        readers = [threading.Thread(target=_relay_output, args=(first, "alice", out, keep))]
+        readers[0].start()
+        if not got_token.wait(60):
+            first.kill()
+            raise RuntimeError("runtime error: alice did not produce an invite token")
+        second = _spawn(
+            "bob", {**base, "SVC_DATA_DIR": str(stack.agent_dir("bob"))}, str(rounds), token[0]
+        )
+        readers.append(
+            threading.Thread(target=_relay_output, args=(second, "bob", out, lambda t: None))
+        )
+        readers[1].start()
+        codes = [second.wait(120), first.wait(120)]
+        for reader in readers:
+            reader.join(5)
+        if any(codes):
+            raise RuntimeError(f"runtime error: an agent failed (exit codes {codes})")
+    out(f"done in {_ms(started)}: every message crossed the relay as MLS ciphertext")
+
+
+if __name__ == "__main__":
+    role, count = sys.argv[1], int(sys.argv[2])
+    if role == "alice":
+        alice(count)
+    else:
+        bob(count, sys.argv[3])

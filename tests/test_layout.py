@@ -84,8 +84,11 @@ def test_svc_demo_runs() -> None:
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "bob said 'bob -> alice: task 0 acknowledged'" in proc.stdout
-    assert proc.stdout.rstrip().endswith("decrypted by the other")
+    out = proc.stdout
+    assert "alice | received 'hello alice #1'" in out
+    assert "bob | received 're: hello alice #1', round trip" in out
+    assert "alice | members: alice, bob" in out
+    assert out.rstrip().endswith("every message crossed the relay as MLS ciphertext")
 
 
 def test_cli_usage_error() -> None:

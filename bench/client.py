@@ -1,0 +1,182 @@
+"""End-to-end client benchmark through a real local stack (``svc up`` in its own process):
+encrypt → relay (stored durably) → fan-out → decrypt, with every agent in its own
+process so no two share a GIL.
+
+    python bench/client.py [--messages 20000] [--rounds 3]
+
+Prints one markdown table. Beside each throughput figure is the receiver's decrypt
+bound measured in the same run: batched engine decryption of the same payload size in a
+receiving process (what a receiver can do at best with the relay out of the picture).
+Every figure is the median of ``--rounds`` rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from svc_sdk import SvcClient
+from svc_sdk.mls import Engine
+from svc_sdk.testing import LocalStack
+
+BATCH = 256  # messages per send_batch call
+
+
+def decrypt_bound(size: int, n: int = 4000) -> float:
+    """Messages/s one process decrypts with process_batch (engine only)."""
+    with tempfile.TemporaryDirectory() as root:
+        a, b = Engine(Path(root) / "a", b"a"), Engine(Path(root) / "b", b"b")
+        group = a.create_group(b"bench/decrypt/bound")
+        pending = group.add_members([b.generate_key_package()])
+        group.apply_pending_commit()
+        assert pending.welcome is not None
+        other = b.join_group(pending.welcome)
+        payload = b"x" * size
+        cts = group.encrypt_batch([payload] * n)
+        start = time.perf_counter()
+        for i in range(0, n, BATCH):
+            other.process_batch(cts[i : i + BATCH])
+        return n / (time.perf_counter() - start)
+
+
+def receiver(stack: dict[str, str], name: str, channel: str, n: int, size: int, conn: Any) -> None:
+    """Joins with a Welcome from the parent, reports when ready, counts ``n`` messages."""
+    with tempfile.TemporaryDirectory() as root:
+        client = SvcClient(stack["relay"], root, name.encode(), stack["key"], stack["api"])
+        conn.send(client.generate_key_package())
+        chan = client.join_channel(channel, conn.recv())
+        bound = decrypt_bound(size)
+        conn.send(("ready", bound))
+        count = 0
+        while count < n:
+            # Block for one, then take whatever else is already decrypted (as receive() does).
+            message = chan.next_message(60)
+            assert message is not None, "receiver timed out"
+            count += 1 + len(chan.take_buffered())
+        conn.send(("done", time.perf_counter()))
+        client.close()
+
+
+def echo(stack: dict[str, str], channel: str, rounds: int, conn: Any) -> None:
+    with tempfile.TemporaryDirectory() as root:
+        client = SvcClient(stack["relay"], root, b"echo", stack["key"], stack["api"])
+        conn.send(client.generate_key_package())
+        chan = client.join_channel(channel, conn.recv())
+        conn.send("ready")
+        for _ in range(rounds):
+            message = chan.next_message(30)
+            assert message is not None
+            chan.send(message.data)
+        client.close()
+
+
+def fan_out(stack: dict[str, str], receivers: int, n: int, size: int, tag: str) -> dict[str, float]:
+    ctx = mp.get_context("spawn")
+    channel = f"bench/client/{tag}-{time.monotonic_ns()}"
+    with tempfile.TemporaryDirectory() as root:
+        sender = SvcClient(stack["relay"], root, b"sender", stack["key"], stack["api"])
+        chan = sender.create_channel(channel)
+        pipes, procs = [], []
+        for r in range(receivers):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=receiver, args=(stack, f"r{r}", channel, n, size, child))
+            proc.start()
+            chan_welcome = chan.add_member(parent.recv())
+            parent.send(chan_welcome)
+            pipes.append(parent)
+            procs.append(proc)
+        bounds = [p.recv()[1] for p in pipes]
+        payload = b"x" * size
+        start = time.perf_counter()
+        for i in range(0, n, BATCH):
+            chan.send_batch([payload] * min(BATCH, n - i))
+        ends = [p.recv()[1] for p in pipes]
+        for proc in procs:
+            proc.join(30)
+        sender.close()
+    elapsed = max(ends) - start
+    return {
+        "msgs": n / elapsed,
+        "deliveries": n * receivers / elapsed,
+        "bound": statistics.median(bounds),
+    }
+
+
+def round_trips(stack: dict[str, str], rounds: int) -> tuple[float, float, float]:
+    """p50/p99 (ms) of send → echo → receive at low load, and single send() calls/s."""
+    ctx = mp.get_context("spawn")
+    channel = f"bench/client/rtt-{time.monotonic_ns()}"
+    with tempfile.TemporaryDirectory() as root:
+        client = SvcClient(stack["relay"], root, b"pinger", stack["key"], stack["api"])
+        chan = client.create_channel(channel)
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=echo, args=(stack, channel, rounds + 500, child))
+        proc.start()
+        parent.send(chan.add_member(parent.recv()))
+        assert parent.recv() == "ready"
+        samples = []
+        for i in range(rounds):
+            start = time.perf_counter()
+            chan.send(f"ping {i}".encode())
+            message = chan.next_message(30)
+            assert message is not None
+            samples.append((time.perf_counter() - start) * 1000)
+        # Unbatched send(): one durable acknowledgement per call.
+        start = time.perf_counter()
+        for i in range(500):
+            chan.send(b"x" * 256)
+        sends = 500 / (time.perf_counter() - start)
+        proc.join(30)
+        client.close()
+    samples.sort()
+    return samples[len(samples) // 2], samples[int(len(samples) * 0.99)], sends
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    with LocalStack() as running:
+        stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}
+        rows: dict[str, list[dict[str, float]]] = {}
+        for _ in range(args.rounds):
+            for tag, receivers, size, n in (
+                ("1→1 256 B", 1, 256, args.messages),
+                ("1→1 16 KiB", 1, 16384, args.messages // 4),
+                ("1→10 256 B", 10, 256, args.messages // 10),
+            ):
+                rows.setdefault(tag, []).append(
+                    fan_out(stack, receivers, n, size, f"r{receivers}-s{size}")
+                )
+            print(".", end="", file=sys.stderr, flush=True)
+        rtts = [round_trips(stack, 500) for _ in range(args.rounds)]
+    print(file=sys.stderr)
+    print(
+        "| path | msg/s (per receiver) | deliveries/s (all receivers) | receiver decrypt bound (msg/s) | msg/s ÷ bound |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for tag, results in rows.items():
+        msgs = statistics.median(r["msgs"] for r in results)
+        deliveries = statistics.median(r["deliveries"] for r in results)
+        bound = statistics.median(r["bound"] for r in results)
+        share = msgs / bound  # each receiver against what one receiver can decrypt
+        print(f"| {tag} | {msgs:,.0f} | {deliveries:,.0f} | {bound:,.0f} | {share:.0%} |")
+    p50 = statistics.median(r[0] for r in rtts)
+    p99 = statistics.median(r[1] for r in rtts)
+    sends = statistics.median(r[2] for r in rtts)
+    print()
+    print("| round trip (send → echo → receive) | p50 ms | p99 ms | send() calls/s |")
+    print("|---|---:|---:|---:|")
+    print(f"| 256 B, one at a time | {p50:.2f} | {p99:.2f} | {sends:,.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
