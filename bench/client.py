@@ -129,7 +129,7 @@ def round_trips(stack: dict[str, str], rounds: int) -> tuple[float, float, float
             samples.append((time.perf_counter() - start) * 1000)
         # Unbatched send(): one durable acknowledgement per call.
         start = time.perf_counter()
-        for i in range(500):
+        for _ in range(500):
             chan.send(b"x" * 256)
         sends = 500 / (time.perf_counter() - start)
         proc.join(30)
@@ -159,7 +159,8 @@ def main() -> int:
         rtts = [round_trips(stack, 500) for _ in range(args.rounds)]
     print(file=sys.stderr)
     print(
-        "| path | msg/s (per receiver) | deliveries/s (all receivers) | receiver decrypt bound (msg/s) | msg/s ÷ bound |"
+        "| path | msg/s (per receiver) | deliveries/s (all receivers) "
+        "| receiver decrypt bound (msg/s) | msg/s ÷ bound |"
     )
     print("|---|---:|---:|---:|---:|")
     for tag, results in rows.items():
