@@ -1,0 +1,123 @@
+"""Invite endpoints on SQLite and PostgreSQL: hashed tokens, atomic use counting,
+redemption admitting the account, and problem+json for every bad input."""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from svc_sdk.mls import Engine
+from svc_server.db.session import make_engine, make_sessionmaker, transaction
+from svc_server.services import channels
+
+from ..support import RunningApi
+from .conftest import bearer, signup
+
+CHANNEL = "acme/ops/alerts"
+
+
+def _register(api: RunningApi, owner: str) -> None:
+    engine = make_engine(api.settings)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            assert channels.create(session, CHANNEL, uuid.UUID(owner))
+    finally:
+        engine.dispose()
+
+
+def _kp(tmp_path: Any, name: str) -> str:
+    kp = Engine(tmp_path / name, name.encode()).generate_key_package()
+    return base64.b64encode(kp).decode()
+
+
+def test_invite_lifecycle(api: RunningApi, http: httpx.Client, tmp_path: Any) -> None:
+    owner = signup(http, "owner@example.com")
+    joiner = signup(http, "joiner@example.com")
+    own, other = bearer(owner["api_key"]["key"]), bearer(joiner["api_key"]["key"])
+    _register(api, owner["account"]["id"])
+    # Only an account that uses the channel can invite; outsiders get 404.
+    assert http.post("/v1/invites", json={"channel": CHANNEL}, headers=other).status_code == 404
+    made = http.post("/v1/invites", json={"channel": CHANNEL, "max_uses": 2}, headers=own)
+    assert made.status_code == 201, made.text
+    token = made.json()["token"]
+    assert token.startswith("svc_inv_") and made.json()["max_uses"] == 2
+    body = {"channel": CHANNEL, "token": token, "key_package": _kp(tmp_path, "j1")}
+    redeemed = http.post("/v1/invites/redeem", json=body, headers=other)
+    assert redeemed.status_code == 201, redeemed.text
+    assert redeemed.json()["identity"] == b"j1".hex()
+    # The same agent again: no second use consumed, same join request.
+    again = http.post("/v1/invites/redeem", json=body, headers=other)
+    assert again.json()["join_id"] == redeemed.json()["join_id"]
+    second = {**body, "key_package": _kp(tmp_path, "j2")}
+    assert http.post("/v1/invites/redeem", json=second, headers=other).status_code == 201
+    third = {**body, "key_package": _kp(tmp_path, "j3")}
+    used_up = http.post("/v1/invites/redeem", json=third, headers=other)
+    assert used_up.status_code == 410 and "no uses left" in used_up.json()["detail"]
+    # The joiner's account may now use the channel.
+    engine = make_engine(api.settings)
+    with transaction(make_sessionmaker(engine)) as session:
+        assert channels.has_access(session, CHANNEL, uuid.UUID(joiner["account"]["id"]))
+    engine.dispose()
+
+
+def test_bad_redemptions(api: RunningApi, http: httpx.Client, tmp_path: Any) -> None:
+    owner = signup(http, "o2@example.com")
+    own = bearer(owner["api_key"]["key"])
+    _register(api, owner["account"]["id"])
+    token = http.post("/v1/invites", json={"channel": CHANNEL, "ttl": 1}, headers=own).json()[
+        "token"
+    ]
+    kp = _kp(tmp_path, "x")
+    cases = [
+        ({"channel": CHANNEL, "token": "svc_inv_" + "A" * 43, "key_package": kp}, 404),
+        ({"channel": "acme/ops/other", "token": token, "key_package": kp}, 404),
+        ({"channel": CHANNEL, "token": "garbage", "key_package": kp}, 404),
+        ({"channel": CHANNEL, "token": token, "key_package": "!!!"}, 422),
+        ({"channel": CHANNEL, "token": token, "key_package": base64.b64encode(b"x").decode()}, 422),
+        ({"channel": "not a channel", "token": token, "key_package": kp}, 422),
+    ]
+    for body, status in cases:
+        response = http.post("/v1/invites/redeem", json=body, headers=own)
+        assert response.status_code == status, (body, response.text)
+        assert response.headers["content-type"] == "application/problem+json"
+    bad_ttl = http.post("/v1/invites", json={"channel": CHANNEL, "ttl": 0}, headers=own)
+    assert bad_ttl.status_code == 422
+    time.sleep(1.1)
+    expired = http.post(
+        "/v1/invites/redeem",
+        json={"channel": CHANNEL, "token": token, "key_package": kp},
+        headers=own,
+    )
+    assert expired.status_code == 410 and "expired" in expired.json()["detail"]
+
+
+def test_last_use_goes_to_exactly_one_of_racing_redeemers(
+    api: RunningApi, http: httpx.Client, tmp_path: Any
+) -> None:
+    owner = signup(http, "o3@example.com")
+    own = bearer(owner["api_key"]["key"])
+    _register(api, owner["account"]["id"])
+    token = http.post("/v1/invites", json={"channel": CHANNEL}, headers=own).json()["token"]
+    bodies = [
+        {"channel": CHANNEL, "token": token, "key_package": _kp(tmp_path, f"r{i}")}
+        for i in range(8)
+    ]
+    statuses: list[int] = []
+    barrier = threading.Barrier(len(bodies))
+
+    def redeem(body: dict[str, str]) -> None:
+        with httpx.Client(base_url=api.url, timeout=30) as client:
+            barrier.wait()
+            statuses.append(client.post("/v1/invites/redeem", json=body, headers=own).status_code)
+
+    threads = [threading.Thread(target=redeem, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(statuses) == [201] + [410] * 7
