@@ -111,9 +111,8 @@ def _detail(response: httpx.Response) -> str:
 
 def _error(response: httpx.Response) -> Exception:
     detail = _detail(response)
-    if response.status_code in (404, 410) and "invite" in detail:
-        return InviteError(detail)
-    if response.status_code == 404:
+    # The API's only 404 and 410 answers to this client are about invites.
+    if response.status_code in (404, 410):
         return InviteError(detail)
     if response.status_code >= 500:
         return TransportError(f"account API {response.status_code}: {detail}")

@@ -396,12 +396,7 @@ class Channel:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
 
     def _relay(self, retry: bool = True, **kind: Any) -> pb.Reply:
-        """One request to the relay, waited for; errors as library errors."""
-        link = self._client.link
-        try:
-            return self._client.wait(link.submit(link.request(self._client.timeout, retry, **kind)))
-        except RelayError as exc:
-            raise relay_error(exc, self.name) from None
+        return self._client._request(self.name, retry, **kind)
 
     def _commit(self, make: Callable[[], Planned | None]) -> PendingCommit | None:
         """Builds a commit with ``make`` (None: nothing to do any more) and gets it
@@ -473,11 +468,7 @@ class Channel:
         Our echoed commit applies it (True); another member's clears it. If neither came,
         it was never stored: drop it (False) so the caller builds a new one."""
         link = self._client.link
-        reply = self._client.wait(
-            link.submit(
-                link.request(self._client.timeout, create=pb.CreateChannel(channel=self.name))
-            )
-        )
+        reply = self._relay(create=pb.CreateChannel(channel=self.name))  # head_seq: the head
         self._client.wait(link.submit(link.wait_received(self.name, reply.head_seq, 30.0)))
         epoch = self._group.epoch
         self._drain_available()

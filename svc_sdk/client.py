@@ -122,9 +122,10 @@ class SvcClient:
         except concurrent.futures.CancelledError:
             raise ChannelClosedError("the client is closed") from None
 
-    def _request(self, channel: str, **kind: Any) -> pb.Reply:
+    def _request(self, channel: str, retry: bool = True, **kind: Any) -> pb.Reply:
+        """One relay request about ``channel``, waited for; a refusal as a library error."""
         try:
-            return self.wait(self.link.submit(self.link.request(self.timeout, **kind)))
+            return self.wait(self.link.submit(self.link.request(self.timeout, retry, **kind)))
         except RelayError as exc:
             raise relay_error(exc, channel) from None
 

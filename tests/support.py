@@ -10,6 +10,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -231,3 +232,25 @@ class RedisServer:
             self.proc.kill()
             self.proc.wait()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``svc <args>`` as a subprocess of this interpreter."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "svc_sdk.cli", *args],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from svc_sdk import SvcClient
 from svc_sdk.testing import LocalStack
 
-from ..support import PostgresServer, RedisServer, free_port, wait_healthy
+from ..support import PostgresServer, RedisServer, free_port, start, stop, wait_healthy
 from .helpers import client, pair, take
 
 
@@ -55,16 +54,6 @@ def test_token_is_renewed_before_it_expires(ids: Any) -> None:
             assert ca.link.reconnects == 0 and cb.link.reconnects == 0
 
 
-def _start(args: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "svc_sdk.cli", *args],
-        env=dict(os.environ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def test_failover_between_relays_on_redis(
     tmp_path: Path, postgres: PostgresServer | None, redis_server: RedisServer | None, ids: Any
 ) -> None:
@@ -79,13 +68,13 @@ def test_failover_between_relays_on_redis(
     common = ["--data-dir", str(tmp_path / "server"), "--database-url", database]
     api_port, a_port, b_port = free_port(), free_port(), free_port()
     api_url = f"http://127.0.0.1:{api_port}"
-    api = _start(["api", "--port", str(api_port), *common])
+    api = start(["api", "--port", str(api_port), *common])
     relays: list[subprocess.Popen[str]] = []
     try:
         wait_healthy(api_url, api)
         for port in (a_port, b_port):
             relays.append(
-                _start(
+                start(
                     [
                         "relay",
                         "--port",
@@ -139,9 +128,7 @@ def test_failover_between_relays_on_redis(
             assert chan_b.next_message(0.3) is None
     finally:
         for proc in [*relays, api]:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(10)
+            stop(proc)
 
 
 def test_agent_restart_resumes_from_its_cursor(stack: LocalStack, ids: Any) -> None:

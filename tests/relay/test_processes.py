@@ -7,7 +7,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,21 +15,11 @@ import pytest
 
 from svc_sdk.relay_client import RelayConnection
 
-from ..support import PostgresServer, RedisServer, free_port, wait_healthy
+from ..support import PostgresServer, RedisServer, free_port, start, stop, wait_healthy
 from .helpers import Member, engine
 
 pytestmark = pytest.mark.anyio
 CHANNEL = "acme/ops/alerts"
-
-
-def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "svc_sdk.cli", *args],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 async def wait_grpc(target: str, proc: subprocess.Popen[str]) -> None:
@@ -51,16 +40,6 @@ async def wait_grpc(target: str, proc: subprocess.Popen[str]) -> None:
                 pass
         await asyncio.sleep(0.1)
     raise AssertionError(f"relay {target} did not come up")
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def signup(api_url: str, email: str) -> tuple[str, str]:
