@@ -357,10 +357,9 @@ class Channel:
         """Adds the agent whose MLS key package this is; returns the Welcome to hand to
         it, once the relay accepted the commit. If another member's commit wins the
         epoch first, that commit is processed and this one retried."""
-        try:
-            info = inspect(bytes(key_package))
-        except TypeError:
-            raise TypeError("key_package must be bytes") from None
+        if not isinstance(key_package, bytes | bytearray | memoryview):
+            raise TypeError(f"key_package must be bytes, not {type(key_package).__name__}")
+        info = inspect(bytes(key_package))
         if info.wire_format != "key_package" or not info.identity:
             raise MlsError(f"MLS engine error: expected a key package, got a {info.wire_format}")
         identity = info.identity
