@@ -42,6 +42,8 @@ MAX_FRAME_BYTES = 960 * 1024
 COMMIT_ATTEMPTS = 20
 CONSUMED_FLUSH = 256
 
+# Which buffered messages a reader wants (adapters pick their protocol's envelopes).
+Accept = Callable[["Message"], bool]
 # A commit to send and the identities its Welcome is for.
 Planned = tuple[PendingCommit, list[bytes]]
 
@@ -114,8 +116,8 @@ class Channel:
         self._raw: deque[pb.Delivery] = deque()
         self._plain: deque[Message] = deque(Message(name, *row) for row in inbox)
         self._closed: SvcError | None = None
-        self._consumed = 0
-        self._unflushed = 0
+        # Sequence numbers read but not yet deleted from the inbox (see _mark_consumed).
+        self._unflushed: list[int] = []
         self._join_requests: list[tuple[bytes, bytes]] = []
         self._proposals = False
         self._in_commit = False
@@ -210,15 +212,20 @@ class Channel:
         after that many seconds without a message."""
         return MessageIterator(self, timeout)
 
-    def next_message(self, timeout: float | None = None) -> Message | None:
+    def next_message(
+        self, timeout: float | None = None, accept: Accept | None = None
+    ) -> Message | None:
         """The next message, waiting up to ``timeout`` (None: until one arrives or the
-        channel closes). None on timeout or once closed."""
+        channel closes). None on timeout or once closed.
+
+        With ``accept``, the next message it returns true for: the others stay buffered,
+        in order, for other readers (this is how adapters share a channel)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cond:
-                if self._plain:
-                    message = self._plain.popleft()
-                    self._mark_consumed(message.seq, flush=not self._plain)
+                message = self._pop(accept)
+                if message is not None:
+                    self._mark_consumed([message], flush=accept is not None or not self._plain)
                     return message
                 if self._closed is not None:
                     return None
@@ -230,14 +237,29 @@ class Channel:
                     continue
             self.process_pending()
 
-    def take_buffered(self) -> list[Message]:
-        """Every message already decrypted and waiting, without blocking."""
+    def take_buffered(self, accept: Accept | None = None) -> list[Message]:
+        """Every message already decrypted and waiting (that ``accept`` returns true
+        for), without blocking."""
         with self._cond:
-            taken = list(self._plain)
-            self._plain.clear()
+            if accept is None:
+                taken = list(self._plain)
+                self._plain.clear()
+            else:
+                taken = [m for m in self._plain if accept(m)]
+                if taken:
+                    self._plain = deque(m for m in self._plain if not accept(m))
             if taken:
-                self._mark_consumed(taken[-1].seq, flush=True)
+                self._mark_consumed(taken, flush=True)
             return taken
+
+    def _pop(self, accept: Accept | None) -> Message | None:
+        if accept is None:
+            return self._plain.popleft() if self._plain else None
+        for i, message in enumerate(self._plain):
+            if accept(message):
+                del self._plain[i]
+                return message
+        return None
 
     def wait_for_deliveries(self, timeout: float) -> bool:
         """Waits up to ``timeout`` for unprocessed deliveries (for listener threads)."""
@@ -251,21 +273,28 @@ class Channel:
         with self._cond:
             return len(self._plain)
 
-    def _mark_consumed(self, seq: int, flush: bool) -> None:
+    def _mark_consumed(self, taken: list[Message], flush: bool) -> None:
         # Deleting from the inbox per message would be a write per message: batch it. A
         # crash can then hand out up to CONSUMED_FLUSH messages a second time, never lose one.
-        self._consumed = seq
-        self._unflushed += 1
-        if flush or self._unflushed >= CONSUMED_FLUSH:
-            self._unflushed = 0
-            self._client.state.consumed(self.name, seq)
+        self._unflushed.extend(m.seq for m in taken)
+        if flush or len(self._unflushed) >= CONSUMED_FLUSH:
+            self._flush_consumed()
+
+    def _flush_consumed(self) -> None:
+        """Caller holds ``_cond``. Everything before the oldest buffered message was read
+        (messages are buffered in channel order), so that prefix goes in one range delete;
+        what a filtered read took from further on goes by sequence number."""
+        if not self._unflushed:
+            return
+        through = self._plain[0].seq - 1 if self._plain else max(self._unflushed)
+        extra = [seq for seq in self._unflushed if seq > through]
+        self._unflushed = []
+        self._client.state.consumed(self.name, through, extra)
 
     def flush(self) -> None:
         """Records which messages were read (also done by close())."""
         with self._cond:
-            if self._unflushed:
-                self._unflushed = 0
-                self._client.state.consumed(self.name, self._consumed)
+            self._flush_consumed()
 
     def process_pending(self) -> None:
         """Processes everything the relay delivered so far (commits, messages, join

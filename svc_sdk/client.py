@@ -77,6 +77,8 @@ class SvcClient:
         if not isinstance(identity, bytes) or not 0 < len(identity) <= MAX_IDENTITY:
             raise ValueError("identity must be 1 to 1024 bytes")
         endpoints = parse_endpoints(endpoint)
+        #: The relay address(es) as given, comma-separated.
+        self.endpoint = ",".join(endpoints)
         self.identity = identity
         self.timeout = timeout
         self.api: ApiClient | None = None

@@ -84,9 +84,14 @@ class LocalState:
                 )
             ]
 
-    def consumed(self, name: str, through_seq: int) -> None:
-        """The application has taken every message up to ``through_seq``."""
-        with self._lock:
+    def consumed(self, name: str, through_seq: int, extra: Iterable[int] = ()) -> None:
+        """The application has taken every message up to ``through_seq``, and the
+        messages numbered ``extra`` beyond it."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
             self._db.execute(
                 "DELETE FROM inbox WHERE channel = ? AND seq <= ?", (name, through_seq)
+            )
+            self._db.executemany(
+                "DELETE FROM inbox WHERE channel = ? AND seq = ?", ((name, s) for s in extra)
             )

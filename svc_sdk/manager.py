@@ -16,10 +16,11 @@ import threading
 import time
 
 from svc_sdk import credentials
-from svc_sdk.channel import Channel, Message
+from svc_sdk.channel import Accept, Channel, Message
 from svc_sdk.client import SvcClient
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError
+from svc_sdk.names import check_channel_name
 
 log = logging.getLogger("svc_sdk.manager")
 
@@ -93,6 +94,7 @@ class SvcChannelManager:
                 self._stop.wait(0.1)
 
     def _channel(self, name: str) -> Channel:
+        check_channel_name(name)  # a malformed name says so, not "not in channel"
         try:
             return self.client.channel(name)
         except KeyError:
@@ -158,9 +160,14 @@ class SvcChannelManager:
 
     # -- beyond the spec ---------------------------------------------------------------
 
-    def receive_messages(self, channel_name: str, timeout: float = 5.0) -> list[Message]:
-        """Like ``receive``, with each message's sender and sequence number."""
-        return self._drain(channel_name, timeout)
+    def receive_messages(
+        self, channel_name: str, timeout: float = 5.0, *, accept: Accept | None = None
+    ) -> list[Message]:
+        """Like ``receive``, with each message's (authenticated) sender and sequence
+        number. With ``accept``, only the messages it returns true for; the rest stay
+        buffered, in order, for other readers of the channel (the adapters use this to
+        share one channel between protocols)."""
+        return self._drain(channel_name, timeout, accept)
 
     def members(self, channel_name: str) -> list[bytes]:
         return self._channel(channel_name).members()
@@ -195,17 +202,17 @@ class SvcChannelManager:
         if running is None or not running.is_alive():
             self._listen(name)
 
-    def _drain(self, name: str, timeout: float) -> list[Message]:
+    def _drain(self, name: str, timeout: float, accept: Accept | None = None) -> list[Message]:
         channel = self._channel(name)
-        taken = channel.take_buffered()
+        taken = channel.take_buffered(accept)
         if taken:
             return taken
-        first = channel.next_message(timeout)
+        first = channel.next_message(timeout, accept)
         if first is None:
             if channel.closed and name not in self.client.channels():
                 raise ChannelClosedError(f"no longer in channel {name!r}")
             return []
-        return [first, *channel.take_buffered()]
+        return [first, *channel.take_buffered(accept)]
 
 
 def to_envelope(message: Message) -> Envelope:
