@@ -9,7 +9,9 @@ The MLS engine itself is :mod:`svc_sdk.mls`; the local test stack is
 :class:`svc_sdk.testing.LocalStack`.
 """
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from svc_sdk.channel import Channel, Message, MessageIterator
 from svc_sdk.client import SvcClient
@@ -26,6 +28,32 @@ from svc_sdk.errors import (
     TransportError,
 )
 from svc_sdk.manager import SvcChannelManager
+
+if TYPE_CHECKING:
+    from svc_sdk.adapters.a2a import SvcA2AAdapter
+    from svc_sdk.adapters.bridge import ProtocolBridge
+    from svc_sdk.adapters.mcp import SvcTransport
+    from svc_sdk.adapters.slim import SLIMAdapter
+
+# Adapters load on first use: their optional dependencies (a2a-sdk, mcp) stay optional.
+_ADAPTERS = {
+    "SvcA2AAdapter": "svc_sdk.adapters.a2a",
+    "SvcTransport": "svc_sdk.adapters.mcp",
+    "SLIMAdapter": "svc_sdk.adapters.slim",
+    "ProtocolBridge": "svc_sdk.adapters.bridge",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _ADAPTERS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'svc_sdk' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_ADAPTERS])
+
 
 try:
     __version__ = version("svc-sdk")
@@ -45,9 +73,13 @@ __all__ = [
     "MessageIterator",
     "MlsError",
     "Protocol",
+    "ProtocolBridge",
+    "SLIMAdapter",
+    "SvcA2AAdapter",
     "SvcChannelManager",
     "SvcClient",
     "SvcError",
+    "SvcTransport",
     "TransportError",
     "__version__",
 ]

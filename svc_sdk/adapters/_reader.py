@@ -1,0 +1,78 @@
+"""Reading one kind of envelope from a shared channel, from threads or coroutines.
+
+A reader takes only the envelopes its ``accept`` wants; the manager keeps the others
+buffered, in order, for other readers (``SvcChannelManager.receive_messages``). The async
+side waits in a worker thread that blocks on the channel itself, so a read wakes the
+moment a message is decrypted; the wait is cut into short slices only so that a
+cancelled read lets go of its thread soon. Whatever the thread takes goes into the
+reader's own buffer first, so cancelling a read never loses a message.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+
+import anyio
+import anyio.to_thread
+
+from svc_sdk.channel import Message
+from svc_sdk.envelope import Envelope
+from svc_sdk.manager import SvcChannelManager
+
+SLICE = 0.5  # seconds a worker thread blocks before looking whether it is still wanted
+
+
+def parse(message: Message) -> Envelope | None:
+    try:
+        return Envelope.deserialize(message.data)
+    except ValueError:
+        return None
+
+
+class EnvelopeReader:
+    def __init__(
+        self, manager: SvcChannelManager, channel: str, accept: Callable[[Envelope], bool]
+    ) -> None:
+        self.manager = manager
+        self.channel = channel
+        self._accept = accept
+        self._buffer: deque[tuple[Message, Envelope]] = deque()
+        self._lock = threading.Lock()
+
+    def _wanted(self, message: Message) -> bool:
+        envelope = parse(message)
+        return envelope is not None and self._accept(envelope)
+
+    def fetch(self, timeout: float) -> None:
+        """Blocks up to ``timeout`` for wanted envelopes and buffers them (any thread)."""
+        taken = self.manager.receive_messages(self.channel, timeout, accept=self._wanted)
+        items = []
+        for message in taken:
+            envelope = parse(message)
+            assert envelope is not None  # _wanted parsed it already
+            items.append((message, envelope))
+        with self._lock:
+            self._buffer.extend(items)
+
+    def take(self, limit: int | None = None) -> list[tuple[Message, Envelope]]:
+        with self._lock:
+            count = len(self._buffer) if limit is None else min(limit, len(self._buffer))
+            return [self._buffer.popleft() for _ in range(count)]
+
+    def receive(self, timeout: float) -> list[tuple[Message, Envelope]]:
+        """Everything buffered, or what arrives within ``timeout`` (blocking)."""
+        taken = self.take()
+        if taken:
+            return taken
+        self.fetch(timeout)
+        return self.take()
+
+    async def next(self) -> tuple[Message, Envelope]:
+        """The next wanted envelope, waiting as long as it takes."""
+        while True:
+            taken = self.take(1)
+            if taken:
+                return taken[0]
+            await anyio.to_thread.run_sync(self.fetch, SLICE, abandon_on_cancel=True)

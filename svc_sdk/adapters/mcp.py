@@ -1,0 +1,165 @@
+"""MCP over encrypted channels (spec 4.8): JSON-RPC messages in MCP envelopes.
+
+:class:`SvcTransport` is the spec's dict-level transport. :class:`SvcMCPTransport` is
+the transport the MCP SDK itself takes (``pip install 'svc-sdk[mcp]'``): it yields the
+``(read_stream, write_stream)`` pair, so an unmodified ``mcp.Client`` /
+``mcp.ClientSession`` talks to an MCP server over a channel::
+
+    async with mcp.Client(SvcMCPTransport(manager, "acme/mcp/tools")) as client:
+        tools = await client.list_tools()
+
+and :func:`serve_mcp` runs an ``MCPServer`` (or a low-level ``Server``) on the other
+member's side. One channel carries one MCP connection between two agents.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+from svc_sdk.adapters._extras import require
+from svc_sdk.adapters._reader import EnvelopeReader
+from svc_sdk.adapters.content import MCP_TYPE, decode_jsonrpc
+from svc_sdk.envelope import Envelope, Protocol
+from svc_sdk.errors import ChannelClosedError
+from svc_sdk.manager import SvcChannelManager
+
+if TYPE_CHECKING:
+    from mcp.shared.message import SessionMessage
+
+
+def _is_mcp(envelope: Envelope) -> bool:
+    return envelope.protocol is Protocol.MCP
+
+
+class SvcTransport:
+    """Asynchronous JSON-RPC transport over an encrypted channel.
+
+    >>> transport = SvcTransport(manager, "acme/mcp/tools")        # doctest: +SKIP
+    >>> await transport.write({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    >>> await transport.read()
+    {'jsonrpc': '2.0', 'id': 1, 'result': {}}
+    """
+
+    def __init__(self, manager: SvcChannelManager, channel: str) -> None:
+        self.manager = manager
+        self.channel = channel
+        self._reader = EnvelopeReader(manager, channel, _is_mcp)
+        self._closed = False
+
+    async def read(self) -> dict[str, Any]:
+        """The next JSON-RPC message; waits until one arrives. A frame that is not one
+        raises ValueError (the next read goes on with the frame after it)."""
+        self._check_open()
+        message, envelope = await self._reader.next()
+        try:
+            return decode_jsonrpc(envelope.payload)
+        except ValueError as exc:
+            raise ValueError(f"malformed JSON-RPC frame (seq {message.seq}): {exc}") from None
+
+    async def write(self, message: dict[str, Any]) -> None:
+        """Encrypts and sends one JSON-RPC message; returns once the relay stored it."""
+        self._check_open()
+        if not isinstance(message, dict):
+            raise TypeError(f"a JSON-RPC message is a dict, not {type(message).__name__}")
+        if message.get("jsonrpc") != "2.0":
+            raise ValueError('a JSON-RPC message needs "jsonrpc": "2.0"')
+        try:
+            payload = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"a JSON-RPC message must be JSON: {exc}") from None
+        envelope = Envelope(Protocol.MCP, MCP_TYPE, payload)
+        await anyio.to_thread.run_sync(self.manager.send_envelope, self.channel, envelope)
+
+    async def close(self) -> None:
+        """Closes the transport (the channel stays; so does its membership)."""
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ChannelClosedError(f"the MCP transport on {self.channel!r} is closed")
+
+
+@asynccontextmanager
+async def mcp_streams(manager: SvcChannelManager, channel: str) -> AsyncIterator[Any]:
+    """The ``(read_stream, write_stream)`` pair of the MCP SDK's transports, over a
+    channel. A frame that is not a valid JSON-RPC message reaches the session as an
+    Exception item (as the SDK's own transports deliver parse errors), never ends it."""
+    require("mcp", "mcp", "SvcMCPTransport")
+    from mcp.shared.message import SessionMessage
+    from mcp.types import jsonrpc_message_adapter
+
+    transport = SvcTransport(manager, channel)
+    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+
+    async def inbound() -> None:
+        async with read_writer:
+            while True:
+                item: SessionMessage | Exception
+                try:
+                    raw = await transport.read()
+                    item = SessionMessage(jsonrpc_message_adapter.validate_python(raw))
+                except ValueError as exc:  # pydantic's ValidationError is one too
+                    item = exc
+                try:
+                    await read_writer.send(item)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+
+    async def outbound() -> None:
+        async with write_reader:
+            async for session_message in write_reader:
+                await transport.write(
+                    session_message.message.model_dump(
+                        by_alias=True, mode="json", exclude_unset=True
+                    )
+                )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(inbound)
+        tg.start_soon(outbound)
+        try:
+            yield read_stream, write_stream
+        finally:
+            tg.cancel_scope.cancel()
+            await transport.close()
+            for stream in (read_stream, write_stream, read_writer, write_reader):
+                await stream.aclose()
+
+
+class SvcMCPTransport:
+    """An MCP SDK transport over a channel: ``mcp.Client(SvcMCPTransport(m, channel))``
+    or ``async with SvcMCPTransport(m, channel) as (read, write)`` for a ClientSession."""
+
+    def __init__(self, manager: SvcChannelManager, channel: str) -> None:
+        require("mcp", "mcp", "SvcMCPTransport")
+        self.manager = manager
+        self.channel = channel
+        self._stack: AsyncExitStack | None = None
+
+    async def __aenter__(self) -> Any:
+        self._stack = AsyncExitStack()
+        return await self._stack.enter_async_context(mcp_streams(self.manager, self.channel))
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._stack is not None:
+            stack, self._stack = self._stack, None
+            await stack.aclose()
+
+
+async def serve_mcp(server: Any, manager: SvcChannelManager, channel: str) -> None:
+    """Serves an ``mcp.server.MCPServer`` (or a low-level ``Server``) over ``channel``
+    until the task is cancelled."""
+    require("mcp", "mcp", "serve_mcp")
+    from mcp.server.mcpserver import MCPServer
+
+    # mcp.Client reaches the low-level server the same way for in-process connections.
+    lowlevel = server._lowlevel_server if isinstance(server, MCPServer) else server
+    async with mcp_streams(manager, channel) as (read_stream, write_stream):
+        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
