@@ -16,6 +16,12 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mcp(args: argparse.Namespace) -> int:
+    from svc_integrations import mcp_server
+
+    return int(mcp_server.main())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="svc", description="End-to-end encrypted messaging for software agents."
@@ -24,6 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="two agents exchange encrypted messages")
     demo.add_argument("--rounds", type=int, default=3, help="message round trips (default 3)")
     demo.set_defaults(func=_demo)
+    mcp = sub.add_parser(
+        "mcp",
+        help="serve the svc tools over MCP (stdio) as the agent SVC_IDENTITY",
+        description="An MCP server over stdio with the tools svc_create_channel, svc_invite, "
+        "svc_join, svc_send, svc_receive, svc_list_channels, svc_send_envelope and "
+        "svc_receive_envelopes. Configured by SVC_IDENTITY, SVC_RELAY, SVC_API_URL, "
+        "SVC_API_KEY and SVC_DATA_DIR.",
+    )
+    mcp.set_defaults(func=_mcp)
     account_cli.add_commands(sub)
     _server_commands(sub)
     return parser
@@ -50,6 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "the server extra: pip install 'svc-sdk[server]'",
             file=sys.stderr,
         )
+        return 1
+    except ImportError as exc:  # an optional extra that is not installed names itself
+        print(f"svc: runtime error: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `svc demo | head`: the reader left, nothing to report
         sys.stderr.close()
