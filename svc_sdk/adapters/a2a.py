@@ -136,25 +136,27 @@ def with_svc_extension(
     card: AgentCard, adapter: SvcA2AAdapter, *, channel: str | None = None
 ) -> AgentCard:
     """A copy of ``card`` that advertises svc: the adapter's extension under
-    ``capabilities.extensions`` and, with ``channel``, an interface whose protocol
-    binding is ``SVC`` and whose url is ``svc:{channel}`` (what the A2A client
-    transport of :mod:`svc_sdk.adapters.a2a_rpc` connects to)."""
+    ``capabilities.extensions`` (replacing an earlier one), and an interface with
+    protocol binding ``SVC`` and url ``svc:{channel}``, or ``svc:`` when each caller
+    brings its own channel (what the A2A client transport of
+    :mod:`svc_sdk.adapters.a2a_rpc` connects to)."""
     types = require("a2a.types", "a2a", "with_svc_extension")
+    if channel is not None and not is_valid_channel_name(channel):
+        raise ValueError(f"invalid channel name: {channel!r}")
     out = types.AgentCard()
     out.CopyFrom(card)
-    extension = adapter.agent_card_extension()
     kept = [e for e in out.capabilities.extensions if e.uri != EXTENSION_URI]
     del out.capabilities.extensions[:]
     out.capabilities.extensions.extend(kept)
-    out.capabilities.extensions.append(types.AgentExtension(**extension))
-    if channel is not None:
-        if not is_valid_channel_name(channel):
-            raise ValueError(f"invalid channel name: {channel!r}")
-        out.supported_interfaces.append(
-            types.AgentInterface(
-                url=f"svc:{channel}", protocol_binding=PROTOCOL_BINDING, protocol_version="1.0"
-            )
+    out.capabilities.extensions.append(types.AgentExtension(**adapter.agent_card_extension()))
+    interfaces = [i for i in out.supported_interfaces if i.protocol_binding != PROTOCOL_BINDING]
+    del out.supported_interfaces[:]
+    out.supported_interfaces.extend(interfaces)
+    out.supported_interfaces.append(
+        types.AgentInterface(
+            url=f"svc:{channel or ''}", protocol_binding=PROTOCOL_BINDING, protocol_version="1.0"
         )
+    )
     return out  # type: ignore[no-any-return]
 
 

@@ -98,6 +98,7 @@ def test_agent_card_carries_the_extension(stack: LocalStack, ids: Callable[[str]
     assert found is not None and found["agentId"] == "travel-agent"
     again = with_svc_extension(card, adapter)  # replaces, never duplicates
     assert len(again.capabilities.extensions) == 1
+    assert [i.url for i in again.supported_interfaces] == ["svc:"]
 
 
 class Echo(AgentExecutor):
