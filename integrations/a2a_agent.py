@@ -84,13 +84,13 @@ class SvcA2AAgent:
     ) -> None:
         self.manager = manager
         self.adapter = SvcA2AAdapter(manager, agent_id or card.name or "agent")
-        self.handler = DefaultRequestHandler(executor, InMemoryTaskStore(), card)
-        self.server = SvcA2AServer(self.handler, manager)
         self.max_channels = max_channels
         self._base_card = card
+        self.handler = DefaultRequestHandler(executor, InMemoryTaskStore(), self.card())
+        self.server = SvcA2AServer(self.handler, manager)
         self._serving: set[str] = set()
         self._tasks: anyio.abc.TaskGroup | None = None
-        routes = create_agent_card_routes(card, card_modifier=self._card)
+        routes = create_agent_card_routes(self.card(), card_modifier=self._card)
         routes.append(Route(JOIN_PATH, self._join, methods=["POST"]))
         self.app = Starlette(routes=routes, lifespan=self._lifespan)
 
