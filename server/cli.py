@@ -14,16 +14,32 @@ def run_api(args: argparse.Namespace) -> None:
 
     from .api import create_app
 
-    app = create_app(_settings(args))
-    print(f"svc account API on http://{args.host}:{args.port}", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    settings = _settings(args)
+    _ = settings.tls  # fails early, with a clear message, on half or unreadable TLS settings
+    app = create_app(settings)
+    print(f"svc account API on {settings.scheme}://{args.host}:{args.port}", flush=True)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        ssl_certfile=settings.tls_cert_file or None,
+        ssl_keyfile=settings.tls_key_file or None,
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:
     from .config import Settings
 
     overrides: dict[str, str] = {}
-    for name in ("database_url", "redis_url", "data_dir", "api_url"):
+    for name in (
+        "database_url",
+        "redis_url",
+        "data_dir",
+        "api_url",
+        "tls_cert_file",
+        "tls_key_file",
+    ):
         value = getattr(args, name, None)
         if value:
             overrides[name] = value
@@ -55,7 +71,7 @@ def run_relay(args: argparse.Namespace) -> None:
         running = await start_relay(settings, args.host, args.port, metrics=metrics)
         if args.metrics_port:
             start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-        print(f"svc relay on http://{args.host}:{running.port}", flush=True)
+        print(f"svc relay on {settings.scheme}://{args.host}:{running.port}", flush=True)
         await wait_for_shutdown()
         await running.stop()
 
@@ -76,6 +92,11 @@ def rotate_signing_key(args: argparse.Namespace) -> None:
     print(f"new signing key {kid}; the previous key verifies until its tokens expire")
 
 
+def _tls_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tls-cert-file", default=None, help="PEM certificate (SVC_TLS_CERT_FILE)")
+    p.add_argument("--tls-key-file", default=None, help="PEM private key (SVC_TLS_KEY_FILE)")
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("api", help="run the account API server")
     p.add_argument("--host", default="127.0.0.1")
@@ -83,6 +104,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
     p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
     p.add_argument("--log-level", default="warning")
+    _tls_arguments(p)
     p.set_defaults(func=run_api)
 
     p = sub.add_parser("rotate-signing-key", help="rotate the JWT signing key")
@@ -96,6 +118,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
     p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
     p.add_argument("--redis-url", default=None, help="relay log in Redis (SVC_REDIS_URL)")
+    _tls_arguments(p)
     p.set_defaults(func=run_up)
 
     p = sub.add_parser("relay", help="run one relay process")
@@ -108,4 +131,5 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--api-url", default=None, help="account API for the JWKS (SVC_API_URL)")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    _tls_arguments(p)
     p.set_defaults(func=run_relay)

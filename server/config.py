@@ -7,6 +7,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .errors import StartupError
+
 DEFAULT_DATA_DIR = Path("~/.svc/server")
 
 
@@ -31,6 +33,10 @@ class Settings(BaseSettings):
     auth_failure_rate_limit: str = Field(
         "30/minute", description="Failed API-key authentications per client address"
     )
+    tls_cert_file: str = Field(
+        "", description="PEM certificate (chain) for TLS on the API and relay; empty: plain"
+    )
+    tls_key_file: str = Field("", description="PEM private key for tls_cert_file")
     max_body_size: int = Field(64 * 1024, ge=1024, description="Largest request body, bytes")
     last_used_write_interval_seconds: float = Field(60.0, ge=0)
 
@@ -55,6 +61,22 @@ class Settings(BaseSettings):
     def model_post_init(self, __context: object) -> None:
         if not self.database_url:
             self.database_url = f"sqlite:///{self.data_dir / 'svc.sqlite3'}"
+
+    @property
+    def tls(self) -> tuple[bytes, bytes] | None:
+        """(certificate chain, private key) in PEM when TLS is configured."""
+        if not self.tls_cert_file and not self.tls_key_file:
+            return None
+        if not (self.tls_cert_file and self.tls_key_file):
+            raise StartupError("TLS needs both SVC_TLS_CERT_FILE and SVC_TLS_KEY_FILE")
+        try:
+            return Path(self.tls_cert_file).read_bytes(), Path(self.tls_key_file).read_bytes()
+        except OSError as exc:
+            raise StartupError(f"cannot read TLS files: {exc}") from None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert_file else "http"
 
     @property
     def is_sqlite(self) -> bool:

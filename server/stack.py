@@ -51,7 +51,13 @@ async def start_stack(
         raise
     app = create_app(services=services)
     app.mount("/metrics", make_asgi_app(registry=metrics.registry))
-    config = uvicorn.Config(app, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        lifespan="off",
+        ssl_certfile=settings.tls_cert_file or None,
+        ssl_keyfile=settings.tls_key_file or None,
+    )
     api = uvicorn.Server(config)
     task = asyncio.create_task(api.serve(sockets=[sock]))
     while not api.started:
@@ -61,7 +67,8 @@ async def start_stack(
             raise StartupError("account API stopped during start-up")
         await asyncio.sleep(0.01)
     bound = sock.getsockname()[1]
-    return Stack(f"http://{host}:{bound}", f"http://{host}:{relay.port}", relay, api, task)
+    scheme = settings.scheme
+    return Stack(f"{scheme}://{host}:{bound}", f"{scheme}://{host}:{relay.port}", relay, api, task)
 
 
 async def stop_stack(stack: Stack) -> None:

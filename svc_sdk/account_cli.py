@@ -20,7 +20,12 @@ def _request(method: str, path: str, *, key: str | None, body: Any = None) -> ht
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         response = httpx.request(
-            method, credentials.api_url() + path, headers=headers, json=body, timeout=10
+            method,
+            credentials.api_url() + path,
+            headers=headers,
+            json=body,
+            timeout=10,
+            verify=credentials.tls_verify(),
         )
     except httpx.HTTPError as exc:
         raise CliError(f"transport error: cannot reach {credentials.api_url()}: {exc}") from exc

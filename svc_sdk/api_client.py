@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 
+from svc_sdk import credentials
 from svc_sdk.errors import AuthError, InternalError, InviteError, TransportError
 
 # Refresh when this share of the token's lifetime has passed (spec 3.2: exchange again
@@ -24,7 +25,9 @@ class ApiClient:
     def __init__(self, api_url: str, api_key: str, timeout: float = 10.0) -> None:
         self.api_url = api_url.rstrip("/")
         self._key = api_key
-        self._http = httpx.Client(base_url=self.api_url, timeout=timeout)
+        self._http = httpx.Client(
+            base_url=self.api_url, timeout=timeout, verify=credentials.tls_verify()
+        )
         self._lock = threading.Lock()
         self._token: str | None = None
         self._issued = 0.0

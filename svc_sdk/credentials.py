@@ -4,10 +4,23 @@ file ``svc signup`` writes (``~/.svc/api-key``, mode 0600), and ``SVC_API_URL``.
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 DEFAULT_RELAY_URL = "http://127.0.0.1:50051"
+
+
+def tls_ca_file() -> str | None:
+    """``SVC_TLS_CA_FILE``: PEM roots to trust for https:// endpoints instead of the
+    system's (for a private CA or a self-signed certificate)."""
+    return os.environ.get("SVC_TLS_CA_FILE") or None
+
+
+def tls_verify() -> ssl.SSLContext | bool:
+    """What httpx verifies the API's certificate against."""
+    ca = tls_ca_file()
+    return ssl.create_default_context(cafile=ca) if ca else True
 
 
 def key_file() -> Path:

@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
 
+from svc_sdk import credentials
 from svc_sdk._relay_pb import relay_pb2 as pb
 
 METHOD = "/svc.relay.v1.Relay/Connect"
@@ -24,10 +26,25 @@ METHOD = "/svc.relay.v1.Relay/Connect"
 
 def target_of(endpoint: str) -> str:
     """``http://host:port`` or ``host:port`` → ``host:port`` for grpc."""
-    for scheme in ("http://", "grpc://"):
+    for scheme in ("http://", "grpc://", "https://", "grpcs://"):
         if endpoint.startswith(scheme):
             return endpoint[len(scheme) :].rstrip("/")
     return endpoint.rstrip("/")
+
+
+def is_tls(endpoint: str) -> bool:
+    return endpoint.startswith(("https://", "grpcs://"))
+
+
+def open_channel(endpoint: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
+    """A gRPC channel to the relay: TLS for ``https://`` (roots from SVC_TLS_CA_FILE, else
+    the system's), plaintext for ``http://`` and bare ``host:port``."""
+    if is_tls(endpoint):
+        ca = credentials.tls_ca_file()
+        roots = Path(ca).read_bytes() if ca else None
+        tls = grpc.ssl_channel_credentials(root_certificates=roots)
+        return grpc.aio.secure_channel(target_of(endpoint), tls, options=options)
+    return grpc.aio.insecure_channel(target_of(endpoint), options=options)
 
 
 def code_name(code: int) -> str:
@@ -57,6 +74,7 @@ class RelayConnection:
         channel: grpc.aio.Channel | None = None,
         on_frame: Callable[[pb.ServerFrame], None] | None = None,
     ) -> None:
+        self.endpoint = endpoint
         self.target = target_of(endpoint)
         self.identity = identity
         self._token = token
@@ -90,7 +108,7 @@ class RelayConnection:
     async def open(self) -> None:
         self.closed = asyncio.get_running_loop().create_future()
         if self._shared is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            self._channel = open_channel(self.endpoint, self._options)
         assert self._channel is not None
         stream = self._channel.stream_stream(
             METHOD,

@@ -31,13 +31,18 @@ from typing import Any
 
 import httpx
 
+from svc_sdk import credentials
 from svc_sdk.errors import InternalError
 from svc_sdk.manager import SvcChannelManager
 
-_ADDRESS = re.compile(r"^svc (account API|relay)\s+(http://\S+)$")
+_ADDRESS = re.compile(r"^svc (account API|relay)\s+(https?://\S+)$")
 
 
 class LocalStack:
+    """A running account API and relay (``start()``, or use it as a context manager),
+    with one signed-up account: ``api_url``, ``relay_url`` and ``api_key`` point at
+    them, and ``manager(identity)`` makes agents on them."""
+
     def __init__(self, *, start_timeout: float = 30.0, **settings: Any) -> None:
         self._settings = settings
         self._start_timeout = start_timeout
@@ -131,7 +136,12 @@ class LocalStack:
     def signup(self, email: str | None = None) -> dict[str, Any]:
         """Creates another account; returns the API's answer (``api_key.key`` is the key)."""
         email = email or f"agent-{uuid.uuid4().hex[:12]}@example.com"
-        response = httpx.post(f"{self.api_url}/v1/accounts", json={"email": email}, timeout=10)
+        response = httpx.post(
+            f"{self.api_url}/v1/accounts",
+            json={"email": email},
+            timeout=10,
+            verify=credentials.tls_verify(),
+        )
         response.raise_for_status()
         data: dict[str, Any] = response.json()
         return data

@@ -103,8 +103,13 @@ async def start_relay(
     server.add_generic_rpc_handlers((relay.handler(),))
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    tls = settings.tls
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        if tls is None:
+            bound = server.add_insecure_port(f"{host}:{port}")
+        else:
+            credentials = grpc.ssl_server_credentials([(tls[1], tls[0])])
+            bound = server.add_secure_port(f"{host}:{port}", credentials)
     except RuntimeError:  # grpc's "Failed to bind": the port is taken or not ours
         bound = 0
     if bound == 0:
