@@ -81,6 +81,8 @@ async def serve_stdio(manager: SvcChannelManager) -> None:
 
 
 def main() -> int:
+    """``svc mcp``: serves the tools over stdio until stdin closes; 2 if SVC_IDENTITY
+    is missing."""
     identity = os.environ.get("SVC_IDENTITY")
     if not identity:
         print("svc mcp: set SVC_IDENTITY to the agent identity to act as", file=sys.stderr)

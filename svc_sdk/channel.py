@@ -155,6 +155,7 @@ class Channel:
 
     @property
     def closed(self) -> bool:
+        """Whether the channel was left, this agent removed, or the client closed."""
         return self._closed is not None
 
     def _check_open(self) -> None:

@@ -97,3 +97,15 @@ def test_cli_usage_error() -> None:
     )
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr
+
+
+def test_api_reference_is_current() -> None:
+    """docs/reference.md is generated from the docstrings; regenerate it after changes."""
+    done = subprocess.run(
+        [sys.executable, "scripts/gen_reference.py", "--check"],
+        cwd=Path(__file__).parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
