@@ -41,6 +41,7 @@ MAX_FRAME_MESSAGES = 1024
 MAX_FRAME_BYTES = 960 * 1024
 COMMIT_ATTEMPTS = 20
 CONSUMED_FLUSH = 256
+CONSUMED_FLUSH_SECONDS = 0.1
 
 # Which buffered messages a reader wants (adapters pick their protocol's envelopes).
 Accept = Callable[["Message"], bool]
@@ -118,6 +119,7 @@ class Channel:
         self._closed: SvcError | None = None
         # Sequence numbers read but not yet deleted from the inbox (see _mark_consumed).
         self._unflushed: list[int] = []
+        self._flushed_at = time.monotonic()
         self._join_requests: list[tuple[bytes, bytes]] = []
         self._proposals = False
         self._in_commit = False
@@ -226,7 +228,7 @@ class Channel:
             with self._cond:
                 message = self._pop(accept)
                 if message is not None:
-                    self._mark_consumed([message], flush=accept is not None or not self._plain)
+                    self._mark_consumed([message])
                     return message
                 if self._closed is not None:
                     return None
@@ -250,7 +252,7 @@ class Channel:
                 if taken:
                     self._plain = deque(m for m in self._plain if not accept(m))
             if taken:
-                self._mark_consumed(taken, flush=True)
+                self._mark_consumed(taken)
             return taken
 
     def _pop(self, accept: Accept | None) -> Message | None:
@@ -274,11 +276,16 @@ class Channel:
         with self._cond:
             return len(self._plain)
 
-    def _mark_consumed(self, taken: list[Message], flush: bool) -> None:
-        # Deleting from the inbox per message would be a write per message: batch it. A
-        # crash can then hand out up to CONSUMED_FLUSH messages a second time, never lose one.
+    def _mark_consumed(self, taken: list[Message]) -> None:
+        # Deleting from the inbox per read would be a write per read: at most one delete
+        # per CONSUMED_FLUSH messages or CONSUMED_FLUSH_SECONDS (the manager's listeners
+        # and close() flush what is left). A crash can then hand out up to
+        # CONSUMED_FLUSH messages a second time, never lose one.
         self._unflushed.extend(m.seq for m in taken)
-        if flush or len(self._unflushed) >= CONSUMED_FLUSH:
+        if (
+            len(self._unflushed) >= CONSUMED_FLUSH
+            or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS
+        ):
             self._flush_consumed()
 
     def _flush_consumed(self) -> None:
@@ -290,12 +297,15 @@ class Channel:
         through = self._plain[0].seq - 1 if self._plain else max(self._unflushed)
         extra = [seq for seq in self._unflushed if seq > through]
         self._unflushed = []
+        self._flushed_at = time.monotonic()
         self._client.state.consumed(self.name, through, extra)
 
-    def flush(self) -> None:
-        """Records which messages were read (also done by close())."""
+    def flush(self, *, if_due: bool = False) -> None:
+        """Records which messages were read (also done by close()). With ``if_due``,
+        only when the last record is older than CONSUMED_FLUSH_SECONDS."""
         with self._cond:
-            self._flush_consumed()
+            if not if_due or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
+                self._flush_consumed()
 
     def process_pending(self) -> None:
         """Processes everything the relay delivered so far (commits, messages, join

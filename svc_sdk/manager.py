@@ -87,6 +87,7 @@ class SvcChannelManager:
             try:
                 channel.wait_for_deliveries(STOP_POLL)
                 channel.process_pending()
+                channel.flush(if_due=True)  # what readers took, recorded while idle
             except ChannelClosedError:
                 break
             except Exception:  # keep listening: one bad moment must not end the channel

@@ -141,6 +141,13 @@ class RedisLogStore:
         self._appends.put_nowait((channel, sender, message, epoch, future))
         return future
 
+    def append_many(
+        self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
+    ) -> asyncio.Future[list[Entry]]:
+        # Queued together, so they are stored consecutively in call order.
+        futures = [self.append(channel, sender, message, epoch) for message, epoch in messages]
+        return asyncio.gather(*futures)
+
     async def _append_in_order(self) -> None:
         """Runs queued appends in call order, many per round trip: one pipeline of
         script calls on one connection keeps their order and amortises the latency."""

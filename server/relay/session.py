@@ -202,17 +202,16 @@ class StreamSession:
         # Queued now, in frame order; the reader goes on to the next frame at once and the
         # Reply follows when the messages are durable (pipelined publishes).
         await self._in_flight.acquire()
-        stored = [
-            self.relay.store.append(req.channel, self.identity, message, epoch)
-            for message, epoch in zip(req.message, epochs, strict=True)
-        ]
+        stored = self.relay.store.append_many(
+            req.channel, self.identity, list(zip(req.message, epochs, strict=True))
+        )
         self.relay.metrics.messages.labels("application").inc(count)
         self.relay.metrics.bytes.inc(sum(len(m) for m in req.message))
         self.spawn(self._reply_when_stored(request_id, stored))
 
-    async def _reply_when_stored(self, request_id: int, stored: list[Awaitable[Entry]]) -> None:
+    async def _reply_when_stored(self, request_id: int, stored: Awaitable[list[Entry]]) -> None:
         try:
-            entries = await asyncio.gather(*stored)
+            entries = await stored
         except Exception:
             log.exception("storing a message failed")
             self.reply(request_id, UNAVAILABLE, "relay could not store the message; retry")

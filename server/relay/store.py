@@ -71,6 +71,13 @@ class LogStore(Protocol):
         even when callers do not wait; the result resolves once the entry is durable."""
         ...
 
+    def append_many(
+        self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
+    ) -> Awaitable[list[Entry]]:
+        """``append`` for several (message, epoch) pairs at once, stored consecutively;
+        one result for all of them."""
+        ...
+
     async def commit(
         self,
         channel: str,
