@@ -47,19 +47,19 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def run_up(args: argparse.Namespace) -> None:
-    import asyncio
+    from svc_sdk import _loop
 
     from .stack import serve
 
     # The embedded relay reads the signing keys from the database, whatever SVC_API_URL says.
     settings = _settings(args).model_copy(update={"api_url": ""})
-    asyncio.run(serve(settings, args.host, args.api_port, args.relay_port))
+    _loop.run(serve(settings, args.host, args.api_port, args.relay_port))
 
 
 def run_relay(args: argparse.Namespace) -> None:
-    import asyncio
-
     from prometheus_client import start_http_server
+
+    from svc_sdk import _loop
 
     from .relay.metrics import RelayMetrics
     from .relay.server import start_relay
@@ -75,7 +75,7 @@ def run_relay(args: argparse.Namespace) -> None:
         await wait_for_shutdown()
         await running.stop()
 
-    asyncio.run(main())
+    _loop.run(main())
 
 
 def rotate_signing_key(args: argparse.Namespace) -> None:

@@ -3,7 +3,8 @@
 Under load, writes go through one thread that drains every pending request into a
 single transaction (group commit), so `synchronous=FULL` costs one fsync per batch, not
 per message. When nothing is pending (and with `synchronous=NORMAL`), a request commits
-on the event loop at once, which saves two thread hand-offs of latency. Reads use their own connection and thread; WAL lets them run beside writes.
+on the event loop at once, which saves two thread hand-offs of latency. Reads use their
+own connection and thread; WAL lets them run beside writes.
 """
 
 from __future__ import annotations
