@@ -1,0 +1,37 @@
+"""An idle stream whose client pings every ~10 s (gRPC keepalive, as A8 allows) stays up:
+the relay's ping policy must accept it. A misspelt server option once left gRPC's
+5-minute default in place, and idle agents were cut off with GOAWAY too_many_pings."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.relay_client import RelayConnection
+from svc_server.stack import Stack
+
+from .conftest import Account
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+async def test_idle_stream_with_keepalive_pings_survives(stack: Stack, account: Account) -> None:
+    options = [
+        ("grpc.keepalive_time_ms", 10_500),  # just above the relay's 10 s minimum
+        ("grpc.keepalive_timeout_ms", 5_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+    conn = RelayConnection(stack.relay_url, await account.token(), b"idle", options=options)
+    await conn.open()
+    try:
+        await asyncio.sleep(55)  # five pings without data: the third strike would end it
+        assert conn.closed is not None and not conn.closed.done(), conn.closed
+        reply = await conn.request(create=pb.CreateChannel(channel="acme/idle/chan"))
+        assert reply.code == 0
+    finally:
+        await conn.close()
