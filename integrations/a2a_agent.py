@@ -119,7 +119,16 @@ class SvcA2AAgent:
         assert self._tasks is not None
         if channel not in self._serving:
             self._serving.add(channel)
-            self._tasks.start_soon(self.server.serve, channel)
+            self._tasks.start_soon(self._serve_one, channel)
+
+    async def _serve_one(self, channel: str) -> None:
+        # One channel's end (left, removed, or a fault) must not stop the others.
+        try:
+            await self.server.serve(channel)
+        except Exception:
+            log.exception("serving %s failed", channel)
+        finally:
+            self._serving.discard(channel)
 
     async def _join(self, request: Request) -> JSONResponse:
         try:

@@ -46,6 +46,7 @@ from svc_sdk.adapters._reader import EnvelopeReader
 from svc_sdk.adapters.a2a import PROTOCOL_BINDING
 from svc_sdk.adapters.content import A2A_RPC_TYPE
 from svc_sdk.envelope import Envelope, Protocol
+from svc_sdk.errors import ChannelClosedError, TransportError
 from svc_sdk.manager import SvcChannelManager
 from svc_sdk.names import check_channel_name
 
@@ -350,15 +351,26 @@ class SvcA2AServer:
         self.manager = manager
 
     async def serve(self, channel: str) -> None:
-        """Serves requests on ``channel`` until cancelled; each runs concurrently."""
+        """Serves requests on ``channel`` until cancelled, or until this agent leaves
+        or is removed from it; each request runs concurrently."""
         reader = EnvelopeReader(self.manager, check_channel_name(channel), _is_rpc)
         async with anyio.create_task_group() as tg:
             while True:
-                message, envelope = await reader.next()
+                try:
+                    message, envelope = await reader.next()
+                except ChannelClosedError as exc:
+                    log.info("no longer serving %s: %s", channel, exc)
+                    return
                 sender = message.sender.decode(errors="replace")
                 tg.start_soon(self._answer, channel, sender, envelope.payload)
 
     async def _answer(self, channel: str, sender: str, payload: bytes) -> None:
+        try:
+            await self._answer_one(channel, sender, payload)
+        except (ChannelClosedError, TransportError) as exc:  # the answer cannot go out
+            log.warning("A2A answer on %s not sent: %s", channel, exc)
+
+    async def _answer_one(self, channel: str, sender: str, payload: bytes) -> None:
         try:
             frame = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError):

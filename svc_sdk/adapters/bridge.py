@@ -16,7 +16,7 @@ import time
 from svc_sdk.adapters import content
 from svc_sdk.adapters._reader import EnvelopeReader
 from svc_sdk.envelope import Envelope, Protocol
-from svc_sdk.errors import ChannelClosedError
+from svc_sdk.errors import ChannelClosedError, MlsError, TransportError
 from svc_sdk.manager import SvcChannelManager
 
 log = logging.getLogger("svc_sdk.bridge")
@@ -102,12 +102,14 @@ class ProtocolBridge:
         while not self._stop.is_set():
             try:
                 self.manager.send_envelope(target, envelope)
-            except ChannelClosedError:
-                raise
-            except Exception:  # transport trouble: the client reconnects; keep the order
-                log.exception("bridge %s: send failed, retrying", name)
+            except TransportError as exc:  # the client reconnects: retry, keeping the order
+                log.warning("bridge %s: send failed (%s), retrying", name, exc)
                 self._stop.wait(POLL)
                 continue
+            except (ValueError, TypeError, MlsError) as exc:  # this message cannot go
+                self.skipped[name] += 1
+                log.warning("bridge %s: translated message not sent: %s", name, exc)
+                return
             self.forwarded[name] += 1
             return
 

@@ -139,3 +139,17 @@ async def test_unmodified_a2a_client_talks_to_a_request_handler(
             await client.get_task(GetTaskRequest(id="no-such-task"))
         await client.close()
         tg.cancel_scope.cancel()
+
+
+@pytest.mark.anyio
+async def test_serving_ends_quietly_when_the_agent_is_removed(
+    stack: LocalStack, channel_name: str, ids: Callable[[str], str]
+) -> None:
+    owner, agent = members(stack, channel_name, ids("owner"), ids("agent"))
+    card = AgentCard(name="echo", version="1")
+    server = SvcA2AServer(DefaultRequestHandler(Echo(), InMemoryTaskStore(), card), agent)
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, channel_name)
+            await anyio.to_thread.run_sync(owner.remove_member, channel_name, agent.identity)
+    # serve() returned by itself: the task group closed without being cancelled.

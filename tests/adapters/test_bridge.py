@@ -89,3 +89,20 @@ def test_bad_arguments(bridged: Setup) -> None:
         bridge.bridge(source, target, Protocol.RAW, Protocol.SLIM)
     with pytest.raises(RuntimeError, match="not in channel"):
         bridge.bridge(source, "acme/bridge/elsewhere", Protocol.A2A, Protocol.SLIM)
+
+
+def test_a_message_too_big_once_translated_is_skipped(bridged: Setup) -> None:
+    src, dst, bridge, source, target = bridged
+    bridge.bridge(source, target, Protocol.SLIM, Protocol.MCP)
+    name = f"{source}->{target}"
+    # 800 KiB of bytes fits a message; as base64 inside MCP JSON it no longer does.
+    src.send_envelope(
+        source, Envelope(Protocol.SLIM, "application/octet-stream", b"\x00" * 800_000)
+    )
+    src.send_envelope(source, Envelope(Protocol.SLIM, "text/plain", b"next"))
+    (got,) = collect(lambda: dst.receive_envelopes(target, timeout=5.0), 1)
+    assert content.from_mcp(got).parts == [{"type": "text", "text": "next"}]
+    deadline = time.monotonic() + 10
+    while bridge.forwarded[name] < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert bridge.skipped[name] == 1 and bridge.forwarded[name] == 1

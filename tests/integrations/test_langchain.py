@@ -15,16 +15,7 @@ from svc_integrations.langchain import SvcToolkit
 from svc_integrations.testing import ScriptedChatModel
 from svc_sdk.testing import LocalStack
 
-NAMES = {
-    "svc_create_channel",
-    "svc_invite",
-    "svc_join",
-    "svc_send",
-    "svc_receive",
-    "svc_list_channels",
-    "svc_send_envelope",
-    "svc_receive_envelopes",
-}
+from . import TOOL_NAMES
 
 
 def tools_of(stack: LocalStack, name: str) -> dict[str, object]:
@@ -35,7 +26,7 @@ def test_tools_have_the_documented_names_and_arguments(
     stack: LocalStack, ids: Callable[[str], str]
 ) -> None:
     tools = SvcToolkit(manager=stack.manager(ids("a"))).get_tools()
-    assert {t.name for t in tools} == NAMES
+    assert {t.name for t in tools} == TOOL_NAMES
     by_name = {t.name: t for t in tools}
     assert set(by_name["svc_invite"].args) == {"channel", "max_uses", "ttl"}
     assert set(by_name["svc_join"].args) == {"channel", "token", "timeout"}

@@ -15,6 +15,8 @@ from mcp import StdioServerParameters
 
 from svc_sdk.testing import LocalStack
 
+from . import TOOL_NAMES
+
 pytestmark = pytest.mark.anyio
 
 
@@ -45,15 +47,10 @@ async def test_two_mcp_servers_share_a_channel(
         alice = await stack_.enter_async_context(mcp.Client(server(stack, ids("alice"))))
         bob = await stack_.enter_async_context(mcp.Client(server(stack, ids("bob"))))
         with anyio.fail_after(90):
-            names = {t.name for t in (await alice.list_tools()).tools}
-            assert {
-                "svc_create_channel",
-                "svc_invite",
-                "svc_join",
-                "svc_send",
-                "svc_receive",
-                "svc_list_channels",
-            } <= names
+            tools = (await alice.list_tools()).tools
+            assert {t.name for t in tools} == TOOL_NAMES
+            invite = next(t for t in tools if t.name == "svc_invite")
+            assert set(invite.input_schema["properties"]) == {"channel", "max_uses", "ttl"}
             await call(alice, "svc_create_channel", channel=channel_name)
             token = await call(alice, "svc_invite", channel=channel_name, max_uses=1, ttl=600)
             assert token.startswith("svc_inv_")
