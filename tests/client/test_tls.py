@@ -87,3 +87,18 @@ def test_an_untrusted_certificate_is_refused(
             api_key=stack.api_key,
             api_url=stack.api_url,
         )
+
+
+def test_half_a_tls_configuration_is_a_startup_error(tmp_path: Path) -> None:
+    from svc_server.config import Settings
+    from svc_server.errors import StartupError
+
+    with pytest.raises(StartupError, match="needs both"):
+        _ = Settings(data_dir=tmp_path, tls_cert_file=str(tmp_path / "cert.pem")).tls
+    missing = Settings(
+        data_dir=tmp_path,
+        tls_cert_file=str(tmp_path / "nope.pem"),
+        tls_key_file=str(tmp_path / "nope.key"),
+    )
+    with pytest.raises(StartupError, match="cannot read TLS files"):
+        _ = missing.tls
