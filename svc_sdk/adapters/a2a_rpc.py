@@ -40,6 +40,7 @@ from a2a.types import a2a_pb2 as pb
 from a2a.utils import errors as a2a_errors
 from a2a.utils.proto_utils import to_stream_response
 from google.protobuf import json_format
+from google.protobuf.empty_pb2 import Empty
 from google.protobuf.message import Message as Proto
 
 from svc_sdk.adapters._reader import EnvelopeReader
@@ -221,7 +222,7 @@ class SvcA2AClientTransport(ClientTransport):
         *,
         context: ClientCallContext | None = None,
     ) -> None:
-        await self._unary("DeleteTaskPushNotificationConfig", request, pb.GetTaskRequest(), context)
+        await self._unary("DeleteTaskPushNotificationConfig", request, Empty(), context)
 
     async def subscribe(
         self, request: pb.SubscribeToTaskRequest, *, context: ClientCallContext | None = None
@@ -298,7 +299,7 @@ def _same(result: Proto) -> Proto:
 
 
 def _empty(result: None) -> Proto:
-    return pb.GetTaskRequest()  # an empty JSON object
+    return Empty()
 
 
 _UNARY: dict[str, tuple[str, type[Proto], Callable[[Any], Proto]]] = {

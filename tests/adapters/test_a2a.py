@@ -17,13 +17,14 @@ from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
+    DeleteTaskPushNotificationConfigRequest,
     GetTaskRequest,
     Message,
     Part,
     Role,
     SendMessageRequest,
 )
-from a2a.utils.errors import TaskNotFoundError
+from a2a.utils.errors import PushNotificationNotSupportedError, TaskNotFoundError
 
 from svc_sdk import SvcA2AAdapter
 from svc_sdk.adapters.a2a import EXTENSION_URI, find_svc_extension, with_svc_extension
@@ -137,6 +138,10 @@ async def test_unmodified_a2a_client_talks_to_a_request_handler(
         assert events[-1].message.parts[0].text == f"HELLO (from {caller_m.identity.decode()})"
         with pytest.raises(TaskNotFoundError):
             await client.get_task(GetTaskRequest(id="no-such-task"))
+        with pytest.raises(PushNotificationNotSupportedError):
+            await client.delete_task_push_notification_config(
+                DeleteTaskPushNotificationConfigRequest(task_id="t", id="c")
+            )
         await client.close()
         tg.cancel_scope.cancel()
 
