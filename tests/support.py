@@ -254,3 +254,52 @@ def stop(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass
+class ScaledOut:
+    """One account API and two relay processes sharing a database and Redis."""
+
+    api_url: str
+    relay_ports: tuple[int, int]
+    relays: list[subprocess.Popen[str]]
+
+
+@contextlib.contextmanager
+def scaled_out(
+    tmp_path: Path, postgres: PostgresServer | None, redis_server: RedisServer, name: str
+) -> Iterator[ScaledOut]:
+    """Starts the processes (PostgreSQL if this machine has it, else a shared SQLite
+    file); the API is healthy on return, the relays are started. Stops them all."""
+    redis_server.flush()
+    database = (
+        postgres.create_database(f"{name}_{os.getpid()}_{time.monotonic_ns()}")
+        if postgres is not None
+        else f"sqlite:///{tmp_path / 'shared.sqlite3'}"
+    )
+    common = ["--data-dir", str(tmp_path / "server"), "--database-url", database]
+    api_port, a_port, b_port = free_port(), free_port(), free_port()
+    api_url = f"http://127.0.0.1:{api_port}"
+    api = start(["api", "--port", str(api_port), *common])
+    relays: list[subprocess.Popen[str]] = []
+    try:
+        wait_healthy(api_url, api)
+        for port in (a_port, b_port):
+            relays.append(
+                start(
+                    [
+                        "relay",
+                        "--port",
+                        str(port),
+                        "--redis-url",
+                        redis_server.url,
+                        "--api-url",
+                        api_url,
+                        *common,
+                    ]
+                )
+            )
+        yield ScaledOut(api_url, (a_port, b_port), relays)
+    finally:
+        for proc in [*relays, api]:
+            stop(proc)

@@ -3,19 +3,18 @@ addresses, token expiry. Real processes, real kill -9."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from svc_sdk import SvcClient
 from svc_sdk.testing import LocalStack
 
-from ..support import PostgresServer, RedisServer, free_port, start, stop, wait_healthy
+from ..support import PostgresServer, RedisServer, scaled_out
 from .helpers import client, pair, take
 
 
@@ -59,36 +58,8 @@ def test_failover_between_relays_on_redis(
 ) -> None:
     if redis_server is None:
         pytest.skip("no redis-server on this machine")
-    redis_server.flush()
-    database = (
-        postgres.create_database(f"client_{os.getpid()}_{time.monotonic_ns()}")
-        if postgres is not None
-        else f"sqlite:///{tmp_path / 'shared.sqlite3'}"
-    )
-    common = ["--data-dir", str(tmp_path / "server"), "--database-url", database]
-    api_port, a_port, b_port = free_port(), free_port(), free_port()
-    api_url = f"http://127.0.0.1:{api_port}"
-    api = start(["api", "--port", str(api_port), *common])
-    relays: list[subprocess.Popen[str]] = []
-    try:
-        wait_healthy(api_url, api)
-        for port in (a_port, b_port):
-            relays.append(
-                start(
-                    [
-                        "relay",
-                        "--port",
-                        str(port),
-                        "--redis-url",
-                        redis_server.url,
-                        "--api-url",
-                        api_url,
-                        *common,
-                    ]
-                )
-            )
-        import httpx
-
+    with scaled_out(tmp_path, postgres, redis_server, "client") as cluster:
+        api_url, (a_port, b_port) = cluster.api_url, cluster.relay_ports
         key = httpx.post(f"{api_url}/v1/accounts", json={"email": "fo@example.com"}).json()[
             "api_key"
         ]["key"]
@@ -115,8 +86,8 @@ def test_failover_between_relays_on_redis(
             for i in range(10):
                 chan_a.send(f"m{i}".encode())
             assert take(chan_b, 10) == [f"m{i}".encode() for i in range(10)]
-            relays[0].kill()  # relay A dies: alice moves on to B
-            relays[0].wait()
+            cluster.relays[0].kill()  # relay A dies: alice moves on to B
+            cluster.relays[0].wait()
             for i in range(10, 20):
                 chan_a.send(f"m{i}".encode())
             bob_to_alice = [f"r{i}".encode() for i in range(5)]
@@ -126,9 +97,6 @@ def test_failover_between_relays_on_redis(
             assert take(chan_a, 5) == bob_to_alice
             assert alice.link.endpoint.endswith(str(b_port))
             assert chan_b.next_message(0.3) is None
-    finally:
-        for proc in [*relays, api]:
-            stop(proc)
 
 
 def test_agent_restart_resumes_from_its_cursor(stack: LocalStack, ids: Any) -> None:

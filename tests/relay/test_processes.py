@@ -4,7 +4,6 @@ sharing Redis, and `svc up` starting and stopping."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import time
@@ -15,7 +14,15 @@ import pytest
 
 from svc_sdk.relay_client import RelayConnection
 
-from ..support import PostgresServer, RedisServer, free_port, start, stop, wait_healthy
+from ..support import (
+    PostgresServer,
+    RedisServer,
+    free_port,
+    scaled_out,
+    start,
+    stop,
+    wait_healthy,
+)
 from .helpers import Member, engine
 
 pytestmark = pytest.mark.anyio
@@ -115,35 +122,8 @@ async def test_two_relays_share_one_channel_through_redis(
 ) -> None:
     if redis_server is None:
         pytest.skip("no redis-server on this machine")
-    redis_server.flush()
-    database = (
-        postgres.create_database(f"relay_{os.getpid()}_{time.monotonic_ns()}")
-        if postgres is not None
-        else f"sqlite:///{tmp_path / 'shared.sqlite3'}"
-    )
-    data_dir = str(tmp_path / "server")
-    api_port, a_port, b_port = free_port(), free_port(), free_port()
-    api_url = f"http://127.0.0.1:{api_port}"
-    common = ["--data-dir", data_dir, "--database-url", database]
-    api = start(["api", "--port", str(api_port), *common])
-    relays: list[subprocess.Popen[str]] = []
-    try:
-        wait_healthy(api_url, api)
-        for port in (a_port, b_port):
-            relays.append(
-                start(
-                    [
-                        "relay",
-                        "--port",
-                        str(port),
-                        "--redis-url",
-                        redis_server.url,
-                        "--api-url",
-                        api_url,
-                        *common,
-                    ]
-                )
-            )
+    with scaled_out(tmp_path, postgres, redis_server, "relay") as cluster:
+        api_url, (a_port, b_port), relays = cluster.api_url, cluster.relay_ports, cluster.relays
         for port, proc in zip((a_port, b_port), relays, strict=True):
             await wait_grpc(f"127.0.0.1:{port}", proc)
         _, token = signup(api_url, "scale@example.com")
@@ -182,9 +162,6 @@ async def test_two_relays_share_one_channel_through_redis(
         assert alice.received[-1] == b"after failover"
         await alice.conn.close()
         await bob.conn.close()
-    finally:
-        for proc in [*relays, api]:
-            stop(proc)
 
 
 def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, list[str]]) -> None:
