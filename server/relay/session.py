@@ -175,10 +175,7 @@ class StreamSession:
 
     async def _on_admit(self, request_id: int, req: pb.Admit) -> None:
         await self._check_channel(req.channel)
-        try:
-            account = uuid.UUID(req.account_id)
-        except ValueError:
-            raise RequestError(INVALID, "account_id is not a UUID") from None
+        account = _uuid(req.account_id, "account_id")
         if not await self.relay.access.admit(req.channel, self.claims.account_id, account):
             raise RequestError(INVALID, "no such account")
         self.reply(request_id)
@@ -223,10 +220,7 @@ class StreamSession:
     async def _on_join(self, request_id: int, req: pb.JoinRequest) -> None:
         """Posts a redeemed invite's key package to the channel, for a member to add."""
         await self._check_channel(req.channel)
-        try:
-            join_id = uuid.UUID(req.join_id)
-        except ValueError:
-            raise RequestError(INVALID, "join_id is not a UUID") from None
+        join_id = _uuid(req.join_id, "join_id")
         found = await self.relay.access.join_request(join_id, req.channel, self.claims.account_id)
         if found is None:
             raise RequestError(DENIED, "no valid join request with this id for your account")
@@ -329,3 +323,10 @@ class StreamSession:
     async def send_pending_welcomes(self) -> None:
         for w in await self.relay.store.welcomes(self.identity):
             self.outbox.control(welcome_frame(w))
+
+
+def _uuid(value: str, field: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise RequestError(INVALID, f"{field} is not a UUID") from None
