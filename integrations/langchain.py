@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 import anyio.to_thread
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
 from svc_sdk import SvcChannelManager
 from svc_sdk.adapters._extras import require
@@ -25,7 +25,7 @@ require("langchain_core", "langchain", "SvcToolkit")
 
 from langchain_core.tools import BaseTool, BaseToolkit, ToolException  # noqa: E402
 
-from .operations import OPERATIONS, Operation  # noqa: E402
+from .operations import OPERATIONS, Operation, OperationError  # noqa: E402
 
 
 class SvcTool(BaseTool):
@@ -42,10 +42,7 @@ class SvcTool(BaseTool):
         try:
             result: str = self.operation(self.manager, arguments)
             return result
-        except (RuntimeError, ValueError, TypeError) as exc:
-            # RuntimeError covers SvcError and MlsError; ValueError pydantic's errors.
-            if isinstance(exc, ValidationError):
-                raise ToolException(f"invalid arguments: {exc}") from exc
+        except OperationError as exc:
             raise ToolException(str(exc)) from exc
 
     def _run(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> str:

@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-from pydantic import ValidationError
 
 from svc_sdk import SvcChannelManager
 from svc_sdk.adapters._extras import require
@@ -28,7 +27,7 @@ import mcp_types as types  # noqa: E402
 from mcp.server.lowlevel import Server  # noqa: E402
 from mcp.server.stdio import stdio_server  # noqa: E402
 
-from .operations import OPERATIONS  # noqa: E402
+from .operations import OPERATIONS, OperationError  # noqa: E402
 
 log = logging.getLogger("svc_integrations.mcp")
 
@@ -56,9 +55,7 @@ def build_server(manager: SvcChannelManager) -> Server[Any]:
         arguments = dict(params.arguments or {})
         try:
             text = await anyio.to_thread.run_sync(operation, manager, arguments)
-        except ValidationError as exc:
-            return _error(f"invalid arguments: {exc}")
-        except (RuntimeError, ValueError, TypeError) as exc:
+        except OperationError as exc:
             return _error(str(exc))
         except Exception as exc:  # the server outlives any one call
             log.exception("tool %s failed", params.name)

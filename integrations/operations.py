@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from svc_sdk import Envelope, Protocol, SvcChannelManager
 from svc_sdk.names import PATTERN
@@ -123,6 +123,10 @@ def _text(data: bytes) -> str:
         return "base64:" + base64.b64encode(data).decode()
 
 
+class OperationError(Exception):
+    """A call that failed for a reason its caller can act on; the message says which."""
+
+
 @dataclass(frozen=True)
 class Operation:
     name: str
@@ -131,8 +135,16 @@ class Operation:
     run: Callable[[SvcChannelManager, Any], str]
 
     def __call__(self, manager: SvcChannelManager, arguments: dict[str, Any]) -> str:
-        """Validates ``arguments`` (pydantic ValidationError if wrong) and runs."""
-        return self.run(manager, self.args.model_validate(arguments))
+        """Validates ``arguments`` and runs. Whatever the caller got wrong (arguments, a
+        channel name, an invite token, ...) raises OperationError with the message to
+        show the model; anything else is a fault and propagates."""
+        try:
+            return self.run(manager, self.args.model_validate(arguments))
+        except ValidationError as exc:
+            raise OperationError(f"invalid arguments: {exc}") from exc
+        except (RuntimeError, ValueError, TypeError) as exc:
+            # RuntimeError covers the library's errors (SvcError) and MlsError.
+            raise OperationError(str(exc)) from exc
 
 
 OPERATIONS = [
