@@ -17,6 +17,7 @@ from a2a.server.agent_execution.agent_executor import AgentExecutor
 from a2a.server.agent_execution.context import RequestContext
 from a2a.server.events import EventQueue
 from a2a.types import AgentCapabilities, AgentCard, AgentSkill
+from a2a.utils.errors import TaskNotCancelableError
 
 from svc_integrations.a2a_agent import SvcA2AAgent
 from svc_sdk import SvcChannelManager
@@ -31,7 +32,8 @@ class EchoExecutor(AgentExecutor):
         await event_queue.enqueue_event(new_text_message(reply, context_id=context.context_id))
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        raise NotImplementedError("echo replies at once; there is nothing to cancel")
+        # Echo answers with a Message at once: it never has a running task to stop.
+        raise TaskNotCancelableError("echo replies at once; there is nothing to cancel")
 
 
 def echo_card() -> AgentCard:

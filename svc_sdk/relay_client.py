@@ -144,7 +144,7 @@ class RelayConnection:
         except grpc.RpcError as exc:
             error = exc
         except asyncio.CancelledError:
-            pass
+            pass  # close() cancelled the reader; pending requests fail below
         finally:
             for future in self._pending.values():
                 if not future.done():

@@ -350,7 +350,7 @@ class RelayLink:
                 except AuthError as exc:
                     self._fatal = exc
                 except SvcError:
-                    pass
+                    pass  # the API is unreachable for now: the next attempt tries again
             attempt += 1
             if attempt > 1 or len(self.endpoints) > 1:
                 self._endpoint_index += 1

@@ -183,5 +183,6 @@ class LocalStack:
 
 
 def _drain(stream: Any) -> None:
+    # Reads a child's pipe to the end so the child never blocks on a full pipe.
     for _ in stream:
         pass

@@ -332,7 +332,7 @@ def _slim_parts(content_type: str, payload: bytes, name: object) -> list[Part]:
         try:
             return [{"type": "data", "data": json.loads(payload)}]
         except (UnicodeDecodeError, json.JSONDecodeError):
-            pass
+            pass  # not JSON after all: carried as a file
     file: dict[str, Any] = {"bytes": base64.b64encode(payload).decode(), "mimeType": ct or OCTETS}
     if isinstance(name, str):
         file["name"] = name

@@ -24,7 +24,11 @@ from a2a.types import (
     Role,
     SendMessageRequest,
 )
-from a2a.utils.errors import PushNotificationNotSupportedError, TaskNotFoundError
+from a2a.utils.errors import (
+    PushNotificationNotSupportedError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+)
 
 from svc_sdk import SvcA2AAdapter
 from svc_sdk.adapters.a2a import EXTENSION_URI, find_svc_extension, with_svc_extension
@@ -111,7 +115,7 @@ class Echo(AgentExecutor):
         await event_queue.enqueue_event(new_text_message(text, context_id=context.context_id))
 
     async def cancel(self, context: RequestContext, event_queue) -> None:  # type: ignore[no-untyped-def]
-        raise NotImplementedError
+        raise TaskNotCancelableError("echo replies at once")
 
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["unary", "streaming"])
