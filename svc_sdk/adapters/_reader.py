@@ -76,3 +76,22 @@ class EnvelopeReader:
             if taken:
                 return taken[0]
             await anyio.to_thread.run_sync(self.fetch, SLICE, abandon_on_cancel=True)
+
+
+class Readers:
+    """One reader per channel, made on first use (thread-safe): a second reader of the
+    same kind would hold messages in its own buffer that the first never sees."""
+
+    def __init__(self, manager: SvcChannelManager, accept: Callable[[Envelope], bool]) -> None:
+        self._manager = manager
+        self._accept = accept
+        self._readers: dict[str, EnvelopeReader] = {}
+        self._lock = threading.Lock()
+
+    def __getitem__(self, channel: str) -> EnvelopeReader:
+        with self._lock:
+            reader = self._readers.get(channel)
+            if reader is None:
+                reader = EnvelopeReader(self._manager, channel, self._accept)
+                self._readers[channel] = reader
+            return reader

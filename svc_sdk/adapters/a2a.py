@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from svc_sdk.adapters._extras import require
-from svc_sdk.adapters._reader import EnvelopeReader
+from svc_sdk.adapters._reader import Readers
 from svc_sdk.adapters.content import (
     A2A_MESSAGE_TYPE,
     a2a_message,
@@ -49,7 +49,7 @@ class SvcA2AAdapter:
             raise ValueError("agent_id must be a non-empty str")
         self.manager = manager
         self.agent_id = agent_id
-        self._readers: dict[str, EnvelopeReader] = {}
+        self._readers = Readers(manager, _is_a2a_message)
 
     @staticmethod
     def channel_name(context_id: str) -> str:
@@ -91,11 +91,8 @@ class SvcA2AAdapter:
         that MLS authenticated, which a member cannot forge. Waits up to ``timeout``
         only when none is buffered; a malformed A2A payload is skipped."""
         name = self.channel_name(context_id)
-        reader = self._readers.get(name)
-        if reader is None:
-            reader = self._readers[name] = EnvelopeReader(self.manager, name, _is_a2a_message)
         out = []
-        for message, envelope in reader.receive(timeout):
+        for message, envelope in self._readers[name].receive(timeout):
             try:
                 fields = a2a_to_dict(decode_a2a(envelope.payload))
             except ValueError:

@@ -8,10 +8,9 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
-from svc_sdk.adapters._reader import EnvelopeReader
+from svc_sdk.adapters._reader import Readers
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError
 from svc_sdk.manager import SvcChannelManager
@@ -27,8 +26,7 @@ class SLIMAdapter:
 
     def __init__(self, manager: SvcChannelManager) -> None:
         self.manager = manager
-        self._readers: dict[str, EnvelopeReader] = {}
-        self._lock = threading.Lock()
+        self._readers = Readers(manager, _is_slim)
 
     def publish(
         self,
@@ -44,13 +42,13 @@ class SLIMAdapter:
         self.manager.send_envelope(destination, envelope)
 
     def subscribe(self, channel: str) -> None:
-        """Starts taking SLIM messages from ``channel``, which this agent must be in
-        (create, join or join_with_token it first)."""
+        """Checks that this agent is in ``channel`` (create, join or join_with_token it
+        first). Its manager already listens there and buffers what arrives, so every
+        SLIM message from the agent's joining on is there for ``receive``."""
         if channel not in self.manager.list_channels():
             raise ChannelClosedError(
                 f"not in channel {channel!r}; create it, join it or join_with_token first"
             )
-        self._reader(channel)
 
     def receive(self, channel: str, timeout: float = 5.0) -> list[bytes]:
         """Payloads of the SLIM messages buffered on ``channel``, oldest first; waits up to
@@ -59,11 +57,4 @@ class SLIMAdapter:
 
     def receive_envelopes(self, channel: str, timeout: float = 5.0) -> list[Envelope]:
         """Like ``receive``, keeping each message's content type and metadata."""
-        return [envelope for _, envelope in self._reader(channel).receive(timeout)]
-
-    def _reader(self, channel: str) -> EnvelopeReader:
-        with self._lock:
-            reader = self._readers.get(channel)
-            if reader is None:
-                reader = self._readers[channel] = EnvelopeReader(self.manager, channel, _is_slim)
-            return reader
+        return [envelope for _, envelope in self._readers[channel].receive(timeout)]
