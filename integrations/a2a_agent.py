@@ -54,7 +54,11 @@ from starlette.requests import Request  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from svc_sdk.adapters.a2a import SvcA2AAdapter, with_svc_extension  # noqa: E402
+from svc_sdk.adapters.a2a import (  # noqa: E402
+    EXTENSION_URI,
+    SvcA2AAdapter,
+    with_svc_extension,
+)
 from svc_sdk.adapters.a2a_rpc import SvcA2AServer  # noqa: E402
 
 log = logging.getLogger("svc_integrations.a2a")
@@ -98,7 +102,7 @@ class SvcA2AAgent:
         """The current card: the svc extension lists the channels being served."""
         out = with_svc_extension(self._base_card, self.adapter)
         for extension in out.capabilities.extensions:
-            if extension.params and "agentId" in extension.params:
+            if extension.uri == EXTENSION_URI:
                 extension.params["joinPath"] = JOIN_PATH
         return out
 
