@@ -2,8 +2,15 @@
 
 Deliveries from the relay are queued raw by the link's thread and processed in channel
 order by whichever caller needs them next (an iterator, a send, a commit), under the
-channel's lock. Commits from other members are applied on the way, the decrypted
-application messages go into the inbox, and the cursor advances with them.
+channel's lock. Commits from other members are applied on the way. A decrypted message
+that a waiting reader takes at once goes straight to it; the others go into the inbox
+(their keys are gone once decrypted, so they must be stored before anything else
+happens) and wait there for a reader.
+
+The cursor (the last sequence number handled) is written with inbox rows, and otherwise
+when the reader is idle or after CONSUMED_FLUSH_SECONDS: if a crash loses that last write,
+the relay sends those messages again, their keys are already used, and the engine skips
+them. Nothing is lost and nothing is handed out twice.
 
 Commits follow mls-rs's explicit states: a commit is pending until the relay accepts it
 (apply) or another member's commit wins the epoch (clear, process theirs, try again).
@@ -108,7 +115,10 @@ class Channel:
         self.name = name
         self._client = client
         self._group = group
+        # Handled through here (each message stored, handed out or skipped), and the part
+        # of that on disk; see the module docstring.
         self._cursor = cursor
+        self._saved_cursor = cursor
         self._joined_epoch = joined_epoch
         # Group state and draining, in order. Re-entrant: a commit drains while holding it.
         self._lock = threading.RLock()
@@ -233,12 +243,17 @@ class Channel:
                 if self._closed is not None:
                     return None
                 if not self._raw:
+                    # Nothing to read: the moment to record what was read, off the path
+                    # of the next message.
+                    self._flush_consumed()
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         return None
                     self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
                     continue
-            self.process_pending()
+            message = self._process_for(accept)
+            if message is not None:
+                return message
 
     def take_buffered(self, accept: Accept | None = None) -> list[Message]:
         """Every message already decrypted and waiting (that ``accept`` returns true
@@ -278,9 +293,9 @@ class Channel:
 
     def _mark_consumed(self, taken: list[Message]) -> None:
         # Deleting from the inbox per read would be a write per read: at most one delete
-        # per CONSUMED_FLUSH messages or CONSUMED_FLUSH_SECONDS (the manager's listeners
-        # and close() flush what is left). A crash can then hand out up to
-        # CONSUMED_FLUSH messages a second time, never lose one.
+        # per CONSUMED_FLUSH messages or CONSUMED_FLUSH_SECONDS while reading, and when a
+        # reader waits (the manager's listeners and close() flush what is left). A crash
+        # can then hand out up to CONSUMED_FLUSH messages a second time, never lose one.
         self._unflushed.extend(m.seq for m in taken)
         if (
             len(self._unflushed) >= CONSUMED_FLUSH
@@ -291,21 +306,44 @@ class Channel:
     def _flush_consumed(self) -> None:
         """Caller holds ``_cond``. Everything before the oldest buffered message was read
         (messages are buffered in channel order), so that prefix goes in one range delete;
-        what a filtered read took from further on goes by sequence number."""
-        if not self._unflushed:
+        what a filtered read took from further on goes by sequence number. The cursor
+        goes in the same transaction."""
+        cursor = self._cursor
+        if not self._unflushed and cursor == self._saved_cursor:
             return
-        through = self._plain[0].seq - 1 if self._plain else max(self._unflushed)
-        extra = [seq for seq in self._unflushed if seq > through]
+        if self._unflushed:
+            through = self._plain[0].seq - 1 if self._plain else max(self._unflushed)
+            extra = [seq for seq in self._unflushed if seq > through]
+        else:
+            through, extra = 0, []
         self._unflushed = []
         self._flushed_at = time.monotonic()
-        self._client.state.consumed(self.name, through, extra)
+        self._client.state.consumed(self.name, through, extra, cursor)
+        self._saved_cursor = cursor
 
     def flush(self, *, if_due: bool = False) -> None:
-        """Records which messages were read (also done by close()). With ``if_due``,
-        only when the last record is older than CONSUMED_FLUSH_SECONDS."""
+        """Records which messages were read and how far the channel was handled (also
+        done by close() and by waiting readers). With ``if_due``, only when the last
+        record is older than CONSUMED_FLUSH_SECONDS."""
         with self._cond:
             if not if_due or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
                 self._flush_consumed()
+
+    def _process_for(self, accept: Accept | None) -> Message | None:
+        """Processes what was delivered on behalf of a reader waiting for a message:
+        the first one it accepts is handed to it, and is never written to the inbox."""
+        reader: Accept = accept or _any
+        with self._lock:
+            handed = None
+            if self._closed is None:
+                while handed is None:
+                    items = self._take_raw()
+                    if not items:
+                        break
+                    handed = self._handle(items, reader)
+                self._drain_available()
+        self._do_pending_work()
+        return handed
 
     def process_pending(self) -> None:
         """Processes everything the relay delivered so far (commits, messages, join
@@ -332,7 +370,10 @@ class Channel:
                 return
             self._handle(items)
 
-    def _handle(self, items: list[pb.Delivery]) -> None:
+    def _handle(self, items: list[pb.Delivery], reader: Accept | None = None) -> Message | None:
+        """Processes deliveries in order. With ``reader`` (a reader is waiting, and none
+        of the buffered messages is for it), returns the first message it accepts
+        instead of buffering and storing it."""
         me = self._client.identity
         group = self._group
         run: list[pb.Delivery] = []
@@ -381,15 +422,29 @@ class Channel:
                 continue  # our own commit, already applied when the relay acknowledged it
             run.append(item)
         flush_run()
+        handed = None
+        if reader is not None and received:
+            with self._cond:
+                if not any(reader(m) for m in self._plain):
+                    for i, message in enumerate(received):
+                        if reader(message):
+                            handed = received.pop(i)
+                            break
         cursor = items[-1].seq
+        if received:
+            # Stored before the cursor may move past them: they exist nowhere else now.
+            self._client.state.advance(
+                self.name, cursor, [(m.seq, m.sender, m.data) for m in received]
+            )
+            self._saved_cursor = cursor
         self._cursor = cursor
-        self._client.state.advance(self.name, cursor, [(m.seq, m.sender, m.data) for m in received])
         with self._cond:
             self._plain.extend(received)
             if received:
                 self._cond.notify_all()
         if removed:
             self._client._forget(self, ChannelClosedError(f"removed from channel {self.name!r}"))
+        return handed
 
     # -- membership (commits) ----------------------------------------------------------
 
@@ -544,6 +599,10 @@ class Channel:
 
     def _commit_proposals(self) -> Planned | None:
         return (self._group.self_update(), []) if self._proposals else None
+
+
+def _any(message: Message) -> bool:
+    return True
 
 
 def _frames(ciphertexts: list[bytes]) -> Iterator[list[bytes]]:

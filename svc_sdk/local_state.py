@@ -4,8 +4,11 @@ the inbox of decrypted messages not yet handed to the application.
 
 Decrypted messages go into the inbox in the same transaction that advances the cursor,
 so a restart neither asks the relay for them again (their keys are gone: MLS deletes a
-message key once used) nor loses them. The inbox is plaintext at rest inside the agent's
-private data_dir, the same place that holds the keys that decrypt it.
+message key once used) nor loses them. A message handed straight to a waiting reader is
+not stored. The cursor only moves forward: a late write of an older one changes nothing.
+
+The inbox is plaintext at rest inside the agent's private data_dir, the same place that
+holds the keys that decrypt it.
 """
 
 from __future__ import annotations
@@ -72,7 +75,9 @@ class LocalState:
                 "INSERT OR IGNORE INTO inbox VALUES (?, ?, ?, ?)",
                 ((name, seq, sender, payload) for seq, sender, payload in received),
             )
-            self._db.execute("UPDATE channels SET cursor = ? WHERE name = ?", (cursor, name))
+            self._db.execute(
+                "UPDATE channels SET cursor = MAX(cursor, ?) WHERE name = ?", (cursor, name)
+            )
 
     def inbox(self, name: str) -> list[tuple[int, bytes, bytes]]:
         with self._lock:
@@ -84,14 +89,21 @@ class LocalState:
                 )
             ]
 
-    def consumed(self, name: str, through_seq: int, extra: Iterable[int] = ()) -> None:
+    def consumed(
+        self, name: str, through_seq: int, extra: Iterable[int] = (), cursor: int = 0
+    ) -> None:
         """The application has taken every message up to ``through_seq``, and the
-        messages numbered ``extra`` beyond it."""
+        messages numbered ``extra`` beyond it; the channel was handled through
+        ``cursor``."""
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.execute(
-                "DELETE FROM inbox WHERE channel = ? AND seq <= ?", (name, through_seq)
-            )
+            if through_seq > 0:
+                self._db.execute(
+                    "DELETE FROM inbox WHERE channel = ? AND seq <= ?", (name, through_seq)
+                )
             self._db.executemany(
                 "DELETE FROM inbox WHERE channel = ? AND seq = ?", ((name, s) for s in extra)
+            )
+            self._db.execute(
+                "UPDATE channels SET cursor = MAX(cursor, ?) WHERE name = ?", (cursor, name)
             )

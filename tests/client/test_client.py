@@ -70,6 +70,26 @@ def test_messages_iterator_blocks_keeps_order_and_resumes(
         assert received + rest == [f"m{i}".encode() for i in range(10)]
 
 
+def test_a_waiting_reader_gets_its_message_without_the_inbox(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        chan_a.send(b"direct")
+        assert take(chan_b, 1) == [b"direct"]
+        assert cb.state.inbox(channel_name) == []  # handed over, never stored
+        chan_a.send_batch([b"first", b"second", b"third"])
+        assert take(chan_b, 1) == [b"first"]
+        # What the reader did not take yet waits in the inbox, durable.
+        stored = [payload for _, _, payload in cb.state.inbox(channel_name)]
+        assert stored == [b"second", b"third"]
+        assert take(chan_b, 2) == [b"second", b"third"]
+        # A reader that waits records how far it got, so the cursor catches up.
+        assert chan_b.next_message(0.2) is None
+        ((_, cursor, _),) = [c for c in cb.state.channels() if c[0] == channel_name]
+        assert cursor == chan_b._cursor > 0
+
+
 def test_send_from_threads_while_another_thread_iterates(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:

@@ -3,6 +3,8 @@ addresses, token expiry. Real processes, real kill -9."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ import httpx
 import pytest
 
 from svc_sdk import SvcClient
+from svc_sdk.local_state import LocalState
 from svc_sdk.testing import LocalStack
 
 from ..support import PostgresServer, RedisServer, scaled_out
@@ -114,3 +117,50 @@ def test_agent_restart_resumes_from_its_cursor(stack: LocalStack, ids: Any) -> N
             assert take(chan, 2) == [b"two", b"three"]
             chan.send(b"back")
             assert take(chan_a, 1) == [b"back"]
+
+
+READER = """
+import os, signal, sys
+from svc_sdk import SvcClient
+relay, data_dir, identity, key, api, name = sys.argv[1:]
+channel = SvcClient(relay, data_dir, identity.encode(), key, api).channel(name)
+print("ready", flush=True)
+for _ in range(3):
+    message = channel.next_message(20)
+    print(message.seq, message.data.decode(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # before anything records the last read
+"""
+
+
+def test_agent_killed_right_after_reading_repeats_and_loses_nothing(
+    stack: LocalStack, ids: Any
+) -> None:
+    channel = f"acme/tests/agent-kill-{time.monotonic_ns()}"
+    ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
+    cb.close()
+    data_dir = str(stack.agent_dir(ids("b")))
+    args = [stack.relay_url, data_dir, ids("b"), stack.api_key, stack.api_url, channel]
+    with ca:
+        reader = subprocess.Popen(
+            [sys.executable, "-c", READER, *args], stdout=subprocess.PIPE, text=True
+        )
+        assert reader.stdout is not None
+        assert reader.stdout.readline().strip() == "ready"
+        seqs = []
+        for i in range(3):
+            chan_a.send(f"m{i}".encode())
+            seq, data = reader.stdout.readline().split()
+            assert data == f"m{i}"
+            seqs.append(int(seq))
+        assert reader.wait(30) == -9
+        # The last message was handed over but the cursor on disk is behind it: the
+        # relay sends it again after the restart, and its key is already used.
+        state = LocalState(data_dir)
+        ((_, cursor, _),) = state.channels()
+        state.close()
+        assert cursor < seqs[-1]
+        chan_a.send(b"m3")
+        with client(stack, ids("b")) as again:
+            chan = again.channel(channel)
+            assert take(chan, 1) == [b"m3"]
+            assert chan.next_message(0.5) is None
