@@ -12,6 +12,8 @@ class RelayMetrics:
         self.messages = Counter(
             "svc_relay_messages_total", "Messages stored and relayed", ["kind"], registry=r
         )
+        # The hot path's child, looked up once.
+        self.application_messages = self.messages.labels("application")
         self.bytes = Counter("svc_relay_message_bytes_total", "Bytes stored", registry=r)
         self.deliveries = Counter(
             "svc_relay_deliveries_total", "Messages written to subscriber streams", registry=r

@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -202,20 +202,34 @@ class StreamSession:
         stored = self.relay.store.append_many(
             req.channel, self.identity, list(zip(req.message, epochs, strict=True))
         )
-        self.relay.metrics.messages.labels("application").inc(count)
-        self.relay.metrics.bytes.inc(sum(len(m) for m in req.message))
-        self.spawn(self._reply_when_stored(request_id, stored))
+        metrics = self.relay.metrics
+        metrics.application_messages.inc(count)
+        metrics.bytes.inc(sum(len(m) for m in req.message))
+        if stored.done():
+            self._stored(request_id, stored)  # an idle store commits at once: no task
+        else:
+            self.spawn(self._reply_when_stored(request_id, stored))
 
-    async def _reply_when_stored(self, request_id: int, stored: Awaitable[list[Entry]]) -> None:
+    async def _reply_when_stored(
+        self, request_id: int, stored: asyncio.Future[list[Entry]]
+    ) -> None:
         try:
-            entries = await stored
-        except Exception:
-            log.exception("storing a message failed")
-            self.reply(request_id, UNAVAILABLE, "relay could not store the message; retry")
-            return
-        finally:
+            await stored
+        except asyncio.CancelledError:
             self._in_flight.release()
-        self.reply(request_id, seq=entries[-1].seq)
+            raise
+        except Exception:  # noqa: S110 - _stored reports it
+            pass
+        self._stored(request_id, stored)
+
+    def _stored(self, request_id: int, stored: asyncio.Future[list[Entry]]) -> None:
+        self._in_flight.release()
+        if stored.cancelled() or stored.exception() is not None:
+            if not stored.cancelled():
+                log.error("storing a message failed", exc_info=stored.exception())
+            self.reply(request_id, UNAVAILABLE, "relay could not store the message; retry")
+        else:
+            self.reply(request_id, seq=stored.result()[-1].seq)
 
     async def _on_join(self, request_id: int, req: pb.JoinRequest) -> None:
         """Posts a redeemed invite's key package to the channel, for a member to add."""

@@ -145,18 +145,25 @@ class SqliteLogStore:
         results: list[Outcome] = []
         entries: list[Entry] = []
         welcomes: list[WelcomeEntry] = []
+        # A lone request needs no savepoint: if it fails, the whole transaction goes.
+        alone = len(batch) == 1
         try:
             conn.execute("BEGIN IMMEDIATE")
             for op, future in batch:
-                conn.execute("SAVEPOINT op")
+                if not alone:
+                    conn.execute("SAVEPOINT op")
                 try:
                     value, new_entries, new_welcomes = op(conn)
                 except Exception as exc:  # this request fails; the others go on
+                    if alone:
+                        conn.execute("ROLLBACK")
+                        return [], [], [(future, None, exc)]
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
                     results.append((future, None, exc))
                     continue
-                conn.execute("RELEASE op")
+                if not alone:
+                    conn.execute("RELEASE op")
                 entries.extend(new_entries)
                 welcomes.extend(new_welcomes)
                 results.append((future, value, None))
@@ -208,10 +215,12 @@ class SqliteLogStore:
 
     @staticmethod
     def _channel_row(conn: sqlite3.Connection, channel: str) -> tuple[int, int]:
-        conn.execute("INSERT OR IGNORE INTO channels (name) VALUES (?)", (channel,))
-        head, epoch = conn.execute(
-            "SELECT head_seq, epoch FROM channels WHERE name = ?", (channel,)
-        ).fetchone()
+        select = "SELECT head_seq, epoch FROM channels WHERE name = ?"
+        row = conn.execute(select, (channel,)).fetchone()
+        if row is None:
+            conn.execute("INSERT INTO channels (name) VALUES (?)", (channel,))
+            row = conn.execute(select, (channel,)).fetchone()
+        head, epoch = row
         return head, epoch
 
     def append(

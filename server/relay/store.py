@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -73,7 +74,7 @@ class LogStore(Protocol):
 
     def append_many(
         self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
-    ) -> Awaitable[list[Entry]]:
+    ) -> asyncio.Future[list[Entry]]:
         """``append`` for several (message, epoch) pairs at once, stored consecutively;
         one result for all of them."""
         ...
