@@ -233,27 +233,50 @@ class Channel:
 
         With ``accept``, the next message it returns true for: the others stay buffered,
         in order, for other readers (this is how adapters share a channel)."""
+        taken = self._read(timeout, accept, 1)
+        return taken[0] if taken else None
+
+    def next_messages(
+        self, timeout: float | None = None, accept: Accept | None = None, limit: int | None = None
+    ) -> list[Message]:
+        """Waits up to ``timeout`` for a message like :meth:`next_message`, then returns
+        every message available (at most ``limit``), in channel order; [] on timeout or
+        once closed. The way to keep up with a busy channel: what it decrypts for the
+        caller is handed over at once, without a round through the on-disk inbox.
+
+        >>> while batch := channel.next_messages(timeout=5):
+        ...     handle(batch)
+        """
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError("limit must be a positive integer or None")
+        return self._read(timeout, accept, limit)
+
+    def _read(
+        self, timeout: float | None, accept: Accept | None, limit: int | None
+    ) -> list[Message]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._cond:
-                message = self._pop(accept)
-                if message is not None:
-                    self._mark_consumed([message])
-                    return message
+                taken = self._pop(accept, limit)
+                if taken:
+                    self._mark_consumed(taken)
+                    return taken
                 if self._closed is not None:
-                    return None
+                    return []
                 if not self._raw:
                     # Nothing to read: the moment to record what was read, off the path
                     # of the next message.
                     self._flush_consumed()
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
-                        return None
+                        return []
                     self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
                     continue
-            message = self._process_for(accept)
-            if message is not None:
-                return message
+            handed = self._process_for(accept, limit)
+            if handed:
+                with self._cond:
+                    self._mark_consumed(handed, stored=False)
+                return handed
 
     def take_buffered(self, accept: Accept | None = None) -> list[Message]:
         """Every message already decrypted and waiting (that ``accept`` returns true
@@ -270,14 +293,19 @@ class Channel:
                 self._mark_consumed(taken)
             return taken
 
-    def _pop(self, accept: Accept | None) -> Message | None:
+    def _pop(self, accept: Accept | None, limit: int | None) -> list[Message]:
+        """Takes up to ``limit`` buffered messages that ``accept`` wants, in order."""
+        plain = self._plain
         if accept is None:
-            return self._plain.popleft() if self._plain else None
-        for i, message in enumerate(self._plain):
-            if accept(message):
-                del self._plain[i]
-                return message
-        return None
+            count = len(plain) if limit is None else min(limit, len(plain))
+            return [plain.popleft() for _ in range(count)]
+        taken: list[Message] = []
+        kept: list[Message] = []
+        while plain and (limit is None or len(taken) < limit):
+            message = plain.popleft()
+            (taken if accept(message) else kept).append(message)
+        plain.extendleft(reversed(kept))
+        return taken
 
     def wait_for_deliveries(self, timeout: float) -> bool:
         """Waits up to ``timeout`` for unprocessed deliveries (for listener threads)."""
@@ -291,12 +319,14 @@ class Channel:
         with self._cond:
             return len(self._plain)
 
-    def _mark_consumed(self, taken: list[Message]) -> None:
+    def _mark_consumed(self, taken: list[Message], stored: bool = True) -> None:
         # Deleting from the inbox per read would be a write per read: at most one delete
         # per CONSUMED_FLUSH messages or CONSUMED_FLUSH_SECONDS while reading, and when a
         # reader waits (the manager's listeners and close() flush what is left). A crash
         # can then hand out up to CONSUMED_FLUSH messages a second time, never lose one.
-        self._unflushed.extend(m.seq for m in taken)
+        # Messages handed over without the inbox (not ``stored``) only move the cursor.
+        if stored:
+            self._unflushed.extend(m.seq for m in taken)
         if (
             len(self._unflushed) >= CONSUMED_FLUSH
             or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS
@@ -310,6 +340,7 @@ class Channel:
         goes in the same transaction."""
         cursor = self._cursor
         if not self._unflushed and cursor == self._saved_cursor:
+            self._flushed_at = time.monotonic()  # nothing outstanding counts as recorded
             return
         if self._unflushed:
             through = self._plain[0].seq - 1 if self._plain else max(self._unflushed)
@@ -329,19 +360,18 @@ class Channel:
             if not if_due or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
                 self._flush_consumed()
 
-    def _process_for(self, accept: Accept | None) -> Message | None:
-        """Processes what was delivered on behalf of a reader waiting for a message:
-        the first one it accepts is handed to it, and is never written to the inbox."""
+    def _process_for(self, accept: Accept | None, limit: int | None) -> list[Message]:
+        """Processes deliveries on behalf of a waiting reader until some are for it: up
+        to ``limit`` of those are handed to it and never written to the inbox. Later
+        deliveries stay queued for the next read, still encrypted."""
         reader: Accept = accept or _any
         with self._lock:
-            handed = None
-            if self._closed is None:
-                while handed is None:
-                    items = self._take_raw()
-                    if not items:
-                        break
-                    handed = self._handle(items, reader)
-                self._drain_available()
+            handed: list[Message] = []
+            while not handed and self._closed is None:
+                items = self._take_raw()
+                if not items:
+                    break
+                handed = self._handle(items, reader, limit)
         self._do_pending_work()
         return handed
 
@@ -370,10 +400,12 @@ class Channel:
                 return
             self._handle(items)
 
-    def _handle(self, items: list[pb.Delivery], reader: Accept | None = None) -> Message | None:
+    def _handle(
+        self, items: list[pb.Delivery], reader: Accept | None = None, limit: int | None = None
+    ) -> list[Message]:
         """Processes deliveries in order. With ``reader`` (a reader is waiting, and none
-        of the buffered messages is for it), returns the first message it accepts
-        instead of buffering and storing it."""
+        of the buffered messages is for it), returns the first ``limit`` messages it
+        accepts instead of buffering and storing them."""
         me = self._client.identity
         group = self._group
         run: list[pb.Delivery] = []
@@ -422,14 +454,17 @@ class Channel:
                 continue  # our own commit, already applied when the relay acknowledged it
             run.append(item)
         flush_run()
-        handed = None
+        handed: list[Message] = []
         if reader is not None and received:
             with self._cond:
                 if not any(reader(m) for m in self._plain):
-                    for i, message in enumerate(received):
-                        if reader(message):
-                            handed = received.pop(i)
-                            break
+                    kept = []
+                    for message in received:
+                        if reader(message) and (limit is None or len(handed) < limit):
+                            handed.append(message)
+                        else:
+                            kept.append(message)
+                    received = kept
         cursor = items[-1].seq
         if received:
             # Stored before the cursor may move past them: they exist nowhere else now.

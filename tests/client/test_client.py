@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -88,6 +89,36 @@ def test_a_waiting_reader_gets_its_message_without_the_inbox(
         assert chan_b.next_message(0.2) is None
         ((_, cursor, _),) = [c for c in cb.state.channels() if c[0] == channel_name]
         assert cursor == chan_b._cursor > 0
+
+
+def test_next_messages_takes_what_is_there_in_order(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        assert chan_b.next_messages(0.1) == []  # timeout: nothing
+        with pytest.raises(ValueError, match="limit"):
+            chan_b.next_messages(0.1, limit=0)
+        chan_a.send_batch([f"m{i}".encode() for i in range(10)])
+        got = [m.data for m in chan_b.next_messages(10, limit=3)]
+        assert got == [b"m0", b"m1", b"m2"]
+        odd = [m.data for m in chan_b.next_messages(10, accept=lambda m: m.data[-1] % 2 == 1)]
+        assert odd == [b"m3", b"m5", b"m7", b"m9"]
+        rest = [m.data for m in chan_b.next_messages(10)]
+        assert rest == [b"m4", b"m6", b"m8"]
+        chan_a.send_batch([b"x", b"y"])
+        deadline = time.monotonic() + 10
+        batch: list[bytes] = []
+        while len(batch) < 2 and time.monotonic() < deadline:
+            batch += [m.data for m in chan_b.next_messages(10)]
+        assert batch == [b"x", b"y"]
+        stored = {payload for _, _, payload in cb.state.inbox(channel_name)}
+        assert not stored & {b"x", b"y"}  # handed over whole, never stored
+        # m3..m9 were stored (the limit=3 read left them); an idle reader records them read.
+        assert chan_b.next_messages(0.1) == []
+        assert cb.state.inbox(channel_name) == []
+        cb.close()
+        assert chan_b.next_messages(0.1) == []  # closed: nothing, at once
 
 
 def test_send_from_threads_while_another_thread_iterates(
