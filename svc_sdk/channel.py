@@ -49,6 +49,7 @@ MAX_FRAME_BYTES = 960 * 1024
 COMMIT_ATTEMPTS = 20
 CONSUMED_FLUSH = 256
 CONSUMED_FLUSH_SECONDS = 0.1
+IDLE_FLUSH_SECONDS = 0.005  # a reader waiting this long records what it read
 
 # Which buffered messages a reader wants (adapters pick their protocol's envelopes).
 Accept = Callable[["Message"], bool]
@@ -255,6 +256,7 @@ class Channel:
         self, timeout: float | None, accept: Accept | None, limit: int | None
     ) -> list[Message]:
         deadline = None if timeout is None else time.monotonic() + timeout
+        idle_since = None
         while True:
             with self._cond:
                 taken = self._pop(accept, limit)
@@ -264,13 +266,21 @@ class Channel:
                 if self._closed is not None:
                     return []
                 if not self._raw:
-                    # Nothing to read: the moment to record what was read, off the path
-                    # of the next message.
-                    self._flush_consumed()
-                    remaining = None if deadline is None else deadline - time.monotonic()
+                    now = time.monotonic()
+                    remaining = None if deadline is None else deadline - now
                     if remaining is not None and remaining <= 0:
                         return []
-                    self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
+                    wait = 0.5 if remaining is None else min(remaining, 0.5)
+                    if self._outstanding():
+                        # Nothing to read: the moment to record what was read. Not at
+                        # once: in a conversation the next message is about a millisecond
+                        # away, and the write would compete with it for the CPU.
+                        idle_since = now if idle_since is None else idle_since
+                        if now - idle_since >= IDLE_FLUSH_SECONDS:
+                            self._flush_consumed()
+                        else:
+                            wait = min(wait, IDLE_FLUSH_SECONDS)
+                    self._cond.wait(wait)
                     continue
             handed = self._process_for(accept, limit)
             if handed:
@@ -332,6 +342,10 @@ class Channel:
             or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS
         ):
             self._flush_consumed()
+
+    def _outstanding(self) -> bool:
+        """Whether reads or the cursor are not on disk yet. Caller holds ``_cond``."""
+        return bool(self._unflushed) or self._cursor != self._saved_cursor
 
     def _flush_consumed(self) -> None:
         """Caller holds ``_cond``. Everything before the oldest buffered message was read
