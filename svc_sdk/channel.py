@@ -209,10 +209,8 @@ class Channel:
             # Queued while holding the lock, so frames reach the relay in encryption order;
             # the acknowledgements are awaited outside it, so other senders pipeline.
             futures = [
-                link.submit(
-                    link.request(
-                        self._client.timeout, publish=pb.Publish(channel=self.name, message=frame)
-                    )
+                link.send_soon(
+                    self._client.timeout, publish=pb.Publish(channel=self.name, message=frame)
                 )
                 for frame in _frames(ciphertexts)
             ]

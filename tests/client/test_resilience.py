@@ -164,3 +164,28 @@ def test_agent_killed_right_after_reading_repeats_and_loses_nothing(
             chan = again.channel(channel)
             assert take(chan, 1) == [b"m3"]
             assert chan.next_message(0.5) is None
+
+
+def test_close_ends_a_send_waiting_for_the_relay(ids: Any) -> None:
+    with LocalStack() as stack:
+        channel = "acme/tests/close-while-sending"
+        ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
+        cb.close()
+        stack.kill()  # the relay is gone: the send waits for a connection
+        errors: list[BaseException] = []
+
+        def send() -> None:
+            try:
+                chan_a.send(b"never stored")
+            except Exception as exc:
+                errors.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        time.sleep(0.5)
+        assert sender.is_alive()
+        started = time.monotonic()
+        ca.close()
+        sender.join(10)
+        assert not sender.is_alive() and time.monotonic() - started < 6
+        assert len(errors) == 1 and str(errors[0]).startswith("runtime error: the client is closed")
