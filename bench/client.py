@@ -2,7 +2,7 @@
 encrypt → relay (stored durably) → fan-out → decrypt, with every agent in its own
 process so no two share a GIL.
 
-    python bench/client.py [--messages 20000] [--rounds 3]
+    python bench/client.py [--messages 20000] [--rounds 3] [--round-trips 500]
 
 Prints one markdown table. Beside each throughput figure is the receiver's decrypt
 bound measured in the same run: batched engine decryption of the same payload size in a
@@ -141,6 +141,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--round-trips", type=int, default=500, help="samples per round")
     args = parser.parse_args()
     with LocalStack() as running:
         stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}
@@ -155,7 +156,7 @@ def main() -> int:
                     fan_out(stack, receivers, n, size, f"r{receivers}-s{size}")
                 )
             print(".", end="", file=sys.stderr, flush=True)
-        rtts = [round_trips(stack, 500) for _ in range(args.rounds)]
+        rtts = [round_trips(stack, args.round_trips) for _ in range(args.rounds)]
     print(file=sys.stderr)
     print(
         "| path | msg/s (per receiver) | deliveries/s (all receivers) "
@@ -175,6 +176,9 @@ def main() -> int:
     print("| round trip (send → echo → receive) | p50 ms | p99 ms | send() calls/s |")
     print("|---|---:|---:|---:|")
     print(f"| 256 B, one at a time | {p50:.2f} | {p99:.2f} | {sends:,.0f} |")
+    print()
+    print(f"round trips: {args.rounds} rounds of {args.round_trips}; p50 per round (ms):")
+    print(", ".join(f"{r[0]:.2f}" for r in rtts))
     return 0
 
 
