@@ -355,6 +355,8 @@ class RelayLink:
         assert self._connected is not None
         deadline = time.monotonic() + timeout
         while not self._connected.is_set():
+            if self._closing:  # no reconnect is coming: fail now, not at the deadline
+                raise ChannelClosedError("the client is closed")
             if self._fatal is not None:
                 raise self._fatal
             remaining = deadline - time.monotonic()
