@@ -4,8 +4,8 @@ Deliveries from the relay are queued raw by the link's thread and processed in c
 order by whichever caller needs them next (an iterator, a send, a commit), under the
 channel's lock. Commits from other members are applied on the way. A decrypted message
 that a waiting reader takes at once goes straight to it; the others go into the inbox
-(their keys are gone once decrypted, so they must be stored before anything else
-happens) and wait there for a reader.
+and wait there for a reader. The engine writes its new state (the used message keys
+gone) only after that: a crash before it leaves the messages decryptable again.
 
 The cursor (the last sequence number handled) is written with inbox rows, and otherwise
 when the reader is idle or after CONSUMED_FLUSH_SECONDS: if a crash loses that last write,
@@ -428,7 +428,8 @@ class Channel:
             nonlocal removed
             if not run:
                 return
-            results = group.process_batch([item.message for item in run])
+            # Written by save() below, once what it decrypts is stored or handed over.
+            results = group.process_batch([item.message for item in run], save=False)
             for item, result in zip(run, results, strict=True):
                 if isinstance(result, MlsError):
                     # A message this agent cannot read: from before it joined, a replay
@@ -479,11 +480,13 @@ class Channel:
                     received = kept
         cursor = items[-1].seq
         if received:
-            # Stored before the cursor may move past them: they exist nowhere else now.
+            # Stored before the engine's state moves on on disk: a crash in between leaves
+            # them decryptable again (the cursor has not moved), never lost.
             self._client.state.advance(
                 self.name, cursor, [(m.seq, m.sender, m.data) for m in received]
             )
             self._saved_cursor = cursor
+        group.save()
         self._cursor = cursor
         with self._cond:
             self._plain.extend(received)

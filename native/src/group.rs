@@ -4,6 +4,7 @@
 //! (`apply_pending_commit`) or rejects it because another commit won the epoch
 //! (`clear_pending_commit`, then `process` the winner and build again).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use mls_rs::group::proposal::Proposal;
@@ -56,6 +57,10 @@ pub struct GroupHandle {
     client: MlsClient,
     // None once this agent has been removed or the group was deleted.
     state: Mutex<Option<MlsGroup>>,
+    // Messages processed with `save: false` and not written yet. Read and changed only
+    // under `state`'s lock; every other change writes these first, so that an operation
+    // that fails and reloads the stored state never loses them.
+    unsaved: AtomicBool,
 }
 
 fn identity_of(member: &mls_rs::group::Member) -> Vec<u8> {
@@ -162,6 +167,27 @@ impl GroupHandle {
             group_id: group.group_id().to_vec(),
             client,
             state: Mutex::new(Some(group)),
+            unsaved: AtomicBool::new(false),
+        }
+    }
+
+    /// Writes what `process_batch(.., save: false)` left in memory. Caller holds the lock.
+    fn write_unsaved(&self, group: &mut MlsGroup) -> Result<()> {
+        if self.unsaved.load(Ordering::Relaxed) {
+            group
+                .write_to_storage()
+                .map_err(|e| EngineError::mls("group storage", e))?;
+            self.unsaved.store(false, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Writes the state that `process_batch(.., save: false)` left in memory.
+    pub fn save(&self) -> Result<()> {
+        let mut guard = self.lock();
+        match guard.as_mut() {
+            Some(group) => self.write_unsaved(group),
+            None => Ok(()), // removed: nothing is kept
         }
     }
 
@@ -187,6 +213,7 @@ impl GroupHandle {
     fn mutate<T>(&self, op: impl FnOnce(&mut MlsGroup) -> Result<T>) -> Result<T> {
         let mut guard = self.lock();
         let group = guard.as_mut().ok_or(EngineError::Removed)?;
+        self.write_unsaved(group)?;
         match op(group) {
             Ok(v) => Ok(v),
             Err(e) => {
@@ -255,7 +282,7 @@ impl GroupHandle {
     }
 
     pub fn process(&self, bytes: &[u8]) -> Result<Received> {
-        self.process_batch(&[bytes])
+        self.process_batch(&[bytes], true)
             .pop()
             .expect("one message in, one result out")
     }
@@ -263,8 +290,21 @@ impl GroupHandle {
     /// Processes messages in delivery order with a single state write at the end. Each
     /// message gets its own result; a bad one is rolled back without losing the good ones
     /// around it.
-    pub fn process_batch(&self, messages: &[&[u8]]) -> Vec<Result<Received>> {
+    ///
+    /// With `save: false` the new state stays in memory until `save` (or the next change
+    /// of any kind) writes it: a caller can first store the decrypted messages, so that a
+    /// crash in between leaves them decryptable again instead of lost.
+    pub fn process_batch(&self, messages: &[&[u8]], save: bool) -> Vec<Result<Received>> {
         let mut guard = self.lock();
+        if let Some(group) = guard.as_mut() {
+            if let Err(e) = self.write_unsaved(group) {
+                let err = e.to_string();
+                return messages
+                    .iter()
+                    .map(|_| Err(EngineError::Storage(err.clone())))
+                    .collect();
+            }
+        }
         let mut results: Vec<Result<Received>> = Vec::with_capacity(messages.len());
         // Indices applied since the last state write: replayed if a later message fails.
         let mut unsaved: Vec<usize> = Vec::new();
@@ -291,13 +331,15 @@ impl GroupHandle {
                 }
                 Err(e) => {
                     results.push(Err(e));
-                    if let Err(fatal) = self.restore(group, messages, &unsaved) {
+                    if let Err(fatal) = self.restore(group, messages, &unsaved, save) {
                         // The stored state cannot be reached: stop using this group.
                         *guard = None;
                         results.resize_with(messages.len(), || Err(EngineError::Storage(fatal.to_string())));
                         return results;
                     }
-                    unsaved.clear();
+                    if save {
+                        unsaved.clear(); // written by restore
+                    } // else the stored state is still the one from before this batch
                 }
             }
         }
@@ -310,7 +352,9 @@ impl GroupHandle {
             return results;
         }
         if let Some(group) = guard.as_mut() {
-            if !unsaved.is_empty() {
+            if !unsaved.is_empty() && !save {
+                self.unsaved.store(true, Ordering::Relaxed);
+            } else if !unsaved.is_empty() {
                 if let Err(e) = group.write_to_storage() {
                     // Nothing of this batch is durable: report every applied message as failed
                     // and return to the stored state, so the caller retries them all.
@@ -362,7 +406,7 @@ impl GroupHandle {
 
     /// Returns to the stored state and re-applies the messages that succeeded since it
     /// was written, then writes: a failed message leaves no trace, the good ones stay.
-    fn restore(&self, group: &mut MlsGroup, messages: &[&[u8]], unsaved: &[usize]) -> Result<()> {
+    fn restore(&self, group: &mut MlsGroup, messages: &[&[u8]], unsaved: &[usize], save: bool) -> Result<()> {
         *group = self
             .client
             .load_group(&self.group_id)
@@ -371,7 +415,7 @@ impl GroupHandle {
             let checked = self.precheck(group, messages[j])?;
             apply_message(group, checked)?;
         }
-        if !unsaved.is_empty() {
+        if !unsaved.is_empty() && save {
             group
                 .write_to_storage()
                 .map_err(|e| EngineError::mls("group storage", e))?;

@@ -193,9 +193,17 @@ impl PyGroup {
 
     /// Processes messages in delivery order with one state write. Returns one item per
     /// message: a Received, or the MlsError (not raised) for a message that failed.
-    fn process_batch<'py>(&self, py: Python<'py>, messages: Vec<Bound<'py, PyBytes>>) -> PyResult<Vec<PyObject>> {
+    /// With `save=False` the state is written by `save()` (or the next change) instead:
+    /// store the decrypted messages first, and a crash in between loses none of them.
+    #[pyo3(signature = (messages, save=true))]
+    fn process_batch<'py>(
+        &self,
+        py: Python<'py>,
+        messages: Vec<Bound<'py, PyBytes>>,
+        save: bool,
+    ) -> PyResult<Vec<PyObject>> {
         let slices: Vec<&[u8]> = messages.iter().map(|m| m.as_bytes()).collect();
-        let results = py.allow_threads(|| self.inner.process_batch(&slices));
+        let results = py.allow_threads(|| self.inner.process_batch(&slices, save));
         results
             .into_iter()
             .map(|r| match r {
@@ -203,6 +211,11 @@ impl PyGroup {
                 Err(e) => Ok(to_py(e).into_value(py).into_any()),
             })
             .collect()
+    }
+
+    /// Writes the state that `process_batch(..., save=False)` left in memory.
+    fn save(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.save()).map_err(to_py)
     }
 
     /// A pending commit adding the members whose key packages are given, with their Welcome.

@@ -355,6 +355,60 @@ fn trailing_bytes_are_rejected() {
     assert_eq!(app_data(g[1].process(&ct).unwrap()).1, b"x");
 }
 
+/// A copy of `dir` as a restarted process would find it (SQLite's WAL included).
+fn snapshot(dir: &std::path::Path) -> TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+    }
+    copy
+}
+
+#[test]
+fn unsaved_processing_reaches_disk_only_on_save() {
+    let dir_b = tempfile::tempdir().unwrap();
+    let a = agent("alice");
+    let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
+    let g = a.engine.create_group(b"g").unwrap();
+    let p = g.add_members(&[bob.generate_key_package().unwrap()]).unwrap();
+    g.apply_pending_commit().unwrap();
+    let gb = bob.join_group(&p.welcome.unwrap()).unwrap();
+    let cts = g.encrypt_batch(&[b"m0", b"m1", b"m2"], b"").unwrap();
+    let tamper = |ct: &Vec<u8>| {
+        let mut bad = ct.clone();
+        let n = bad.len();
+        bad[n - 3] ^= 0xff;
+        bad
+    };
+    let (bad1, bad2) = (tamper(&cts[1]), tamper(&cts[2]));
+    // Two failures in one unsaved batch: each rolls back to the stored state and replays
+    // every good message before it, not only those since the last failure.
+    let results = gb.process_batch(&[&cts[0], &bad1, &cts[1], &bad2, &cts[2]], false);
+    let ok: Vec<bool> = results.iter().map(|r| r.is_ok()).collect();
+    assert_eq!(ok, vec![true, false, true, false, true]);
+    // On disk nothing moved yet: a process that crashed now decrypts them again.
+    let crashed = snapshot(dir_b.path());
+    let before = Engine::open(crashed.path(), b"bob", None).unwrap().group(b"g").unwrap();
+    for (ct, text) in cts.iter().zip([b"m0", b"m1", b"m2"]) {
+        assert_eq!(app_data(before.process(ct).unwrap()).1, text);
+    }
+    gb.save().unwrap();
+    assert!(gb.process(&cts[0]).is_err(), "the keys are used");
+    let saved = snapshot(dir_b.path());
+    let after = Engine::open(saved.path(), b"bob", None).unwrap().group(b"g").unwrap();
+    for ct in &cts {
+        assert!(after.process(ct).is_err(), "saved: consumed keys stay consumed");
+    }
+    // Any other change writes unsaved processing first (here an encrypt).
+    let more = g.encrypt_batch(&[b"m3"], b"").unwrap();
+    assert!(gb.process_batch(&[&more[0]], false)[0].is_ok());
+    gb.encrypt(b"reply", b"").unwrap();
+    let written = snapshot(dir_b.path());
+    let later = Engine::open(written.path(), b"bob", None).unwrap().group(b"g").unwrap();
+    assert!(later.process(&more[0]).is_err());
+}
+
 #[test]
 fn batch_keeps_good_messages_around_a_bad_one() {
     let dir_b = tempfile::tempdir().unwrap();
@@ -368,7 +422,7 @@ fn batch_keeps_good_messages_around_a_bad_one() {
     let mut bad = cts[1].clone();
     let n = bad.len();
     bad[n - 3] ^= 0xff;
-    let results = gb.process_batch(&[&cts[0], &bad, &cts[1], &cts[2], b"junk"]);
+    let results = gb.process_batch(&[&cts[0], &bad, &cts[1], &cts[2], b"junk"], true);
     let got: Vec<_> = results
         .iter()
         .map(|r| r.as_ref().ok().map(|x| app_data(x.clone()).1))
@@ -405,12 +459,12 @@ fn batch_with_commit_and_removal() {
     let removal = g[0].remove_members(&[b"bob".to_vec()]).unwrap();
     g[0].apply_pending_commit().unwrap();
     let after = g[0].encrypt(b"after", b"").unwrap();
-    let results = g[1].process_batch(&[&before, &removal.commit, &after]);
+    let results = g[1].process_batch(&[&before, &removal.commit, &after], true);
     assert_eq!(app_data(results[0].as_ref().unwrap().clone()).1, b"before");
     assert!(matches!(results[1], Ok(Received::Commit(ref c)) if c.self_removed));
     assert!(matches!(results[2], Err(EngineError::Removed)));
     assert!(b.engine.group_ids().unwrap().is_empty());
-    let results = g[2].process_batch(&[&before, &removal.commit, &after]);
+    let results = g[2].process_batch(&[&before, &removal.commit, &after], true);
     assert!(results.iter().all(|r| r.is_ok()));
 }
 

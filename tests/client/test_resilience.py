@@ -189,3 +189,44 @@ def test_close_ends_a_send_waiting_for_the_relay(ids: Any) -> None:
         sender.join(10)
         assert not sender.is_alive() and time.monotonic() - started < 6
         assert len(errors) == 1 and str(errors[0]).startswith("runtime error: the client is closed")
+
+
+CRASH_BEFORE_STORE = """
+import os, signal, sys, time
+from svc_sdk import SvcClient
+from svc_sdk.local_state import LocalState
+relay, data_dir, identity, key, api, name = sys.argv[1:]
+
+def crash(*args):  # dies after decrypting, before the inbox write
+    os.kill(os.getpid(), signal.SIGKILL)
+
+LocalState.advance = crash
+channel = SvcClient(relay, data_dir, identity.encode(), key, api).channel(name)
+print("ready", flush=True)
+assert channel.wait_for_deliveries(20)
+time.sleep(0.3)  # both messages queued
+channel.process_pending()  # nobody reading: decrypt into the inbox
+print("not reached", flush=True)
+"""
+
+
+def test_agent_killed_between_decrypting_and_storing_loses_nothing(
+    stack: LocalStack, ids: Any
+) -> None:
+    channel = f"acme/tests/crash-before-store-{time.monotonic_ns()}"
+    ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
+    cb.close()
+    args = [stack.relay_url, str(stack.agent_dir(ids("b"))), ids("b")]
+    args += [stack.api_key, stack.api_url, channel]
+    with ca:
+        reader = subprocess.Popen(
+            [sys.executable, "-c", CRASH_BEFORE_STORE, *args], stdout=subprocess.PIPE, text=True
+        )
+        assert reader.stdout is not None
+        assert reader.stdout.readline().strip() == "ready"
+        chan_a.send_batch([b"m0", b"m1"])
+        assert reader.wait(30) == -9
+        assert reader.stdout.read() == ""
+        # The engine had not written its state: after the restart both decrypt again.
+        with client(stack, ids("b")) as again:
+            assert take(again.channel(channel), 2) == [b"m0", b"m1"]
