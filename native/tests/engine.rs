@@ -365,23 +365,32 @@ fn snapshot(dir: &std::path::Path) -> TempDir {
     copy
 }
 
-#[test]
-fn unsaved_processing_reaches_disk_only_on_save() {
-    let dir_b = tempfile::tempdir().unwrap();
+/// Alice's group with Bob, whose engine lives in `dir_b` (so a test can reopen it), and
+/// three messages from Alice.
+fn alice_and_bob(dir_b: &std::path::Path) -> (Agent, Arc<GroupHandle>, Arc<GroupHandle>, Vec<Vec<u8>>) {
     let a = agent("alice");
-    let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
+    let bob = Engine::open(dir_b, b"bob", None).unwrap();
     let g = a.engine.create_group(b"g").unwrap();
     let p = g.add_members(&[bob.generate_key_package().unwrap()]).unwrap();
     g.apply_pending_commit().unwrap();
     let gb = bob.join_group(&p.welcome.unwrap()).unwrap();
     let cts = g.encrypt_batch(&[b"m0", b"m1", b"m2"], b"").unwrap();
-    let tamper = |ct: &Vec<u8>| {
-        let mut bad = ct.clone();
-        let n = bad.len();
-        bad[n - 3] ^= 0xff;
-        bad
-    };
-    let (bad1, bad2) = (tamper(&cts[1]), tamper(&cts[2]));
+    (a, g, gb, cts)
+}
+
+/// The ciphertext with its authentication tag broken: it parses, then fails to decrypt.
+fn tampered(ct: &[u8]) -> Vec<u8> {
+    let mut bad = ct.to_vec();
+    let n = bad.len();
+    bad[n - 3] ^= 0xff;
+    bad
+}
+
+#[test]
+fn unsaved_processing_reaches_disk_only_on_save() {
+    let dir_b = tempfile::tempdir().unwrap();
+    let (_a, g, gb, cts) = alice_and_bob(dir_b.path());
+    let (bad1, bad2) = (tampered(&cts[1]), tampered(&cts[2]));
     // Two failures in one unsaved batch: each rolls back to the stored state and replays
     // every good message before it, not only those since the last failure.
     let results = gb.process_batch(&[&cts[0], &bad1, &cts[1], &bad2, &cts[2]], false);
@@ -412,16 +421,8 @@ fn unsaved_processing_reaches_disk_only_on_save() {
 #[test]
 fn batch_keeps_good_messages_around_a_bad_one() {
     let dir_b = tempfile::tempdir().unwrap();
-    let a = agent("alice");
-    let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
-    let g = a.engine.create_group(b"g").unwrap();
-    let p = g.add_members(&[bob.generate_key_package().unwrap()]).unwrap();
-    g.apply_pending_commit().unwrap();
-    let gb = bob.join_group(&p.welcome.unwrap()).unwrap();
-    let cts = g.encrypt_batch(&[b"m0", b"m1", b"m2"], b"").unwrap();
-    let mut bad = cts[1].clone();
-    let n = bad.len();
-    bad[n - 3] ^= 0xff;
+    let (_a, g, gb, cts) = alice_and_bob(dir_b.path());
+    let bad = tampered(&cts[1]);
     let results = gb.process_batch(&[&cts[0], &bad, &cts[1], &cts[2], b"junk"], true);
     let got: Vec<_> = results
         .iter()
@@ -439,7 +440,6 @@ fn batch_keeps_good_messages_around_a_bad_one() {
     );
     // The good messages were persisted: a fresh process cannot decrypt them a second time.
     drop(gb);
-    drop(bob);
     let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
     let gb = bob.group(b"g").unwrap();
     for ct in &cts {

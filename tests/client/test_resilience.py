@@ -8,12 +8,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
 
-from svc_sdk import SvcClient
+from svc_sdk import Channel, SvcClient
 from svc_sdk.local_state import LocalState
 from svc_sdk.testing import LocalStack
 
@@ -119,9 +119,28 @@ def test_agent_restart_resumes_from_its_cursor(stack: LocalStack, ids: Any) -> N
             assert take(chan_a, 1) == [b"back"]
 
 
+def alice_and_bob_in_a_process(
+    stack: LocalStack, ids: Any, name: str, script: str
+) -> tuple[str, SvcClient, Channel, subprocess.Popen[str], IO[str]]:
+    """A channel of alice (here) and bob, then ``script`` run as bob in its own
+    interpreter with the relay, data_dir, identity, API key, API URL and channel as
+    arguments. Returns once the script printed "ready", with its stdout."""
+    channel = f"acme/tests/{name}-{time.monotonic_ns()}"
+    ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
+    cb.close()
+    args = [stack.relay_url, str(stack.agent_dir(ids("b"))), ids("b")]
+    args += [stack.api_key, stack.api_url, channel]
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline().strip() == "ready"
+    return channel, ca, chan_a, process, process.stdout
+
+
 READER = """
 import os, signal, sys
-from svc_sdk import SvcClient
+from svc_sdk import Channel, SvcClient
 relay, data_dir, identity, key, api, name = sys.argv[1:]
 channel = SvcClient(relay, data_dir, identity.encode(), key, api).channel(name)
 print("ready", flush=True)
@@ -135,27 +154,18 @@ os.kill(os.getpid(), signal.SIGKILL)  # before anything records the last read
 def test_agent_killed_right_after_reading_repeats_and_loses_nothing(
     stack: LocalStack, ids: Any
 ) -> None:
-    channel = f"acme/tests/agent-kill-{time.monotonic_ns()}"
-    ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
-    cb.close()
-    data_dir = str(stack.agent_dir(ids("b")))
-    args = [stack.relay_url, data_dir, ids("b"), stack.api_key, stack.api_url, channel]
+    channel, ca, chan_a, reader, out = alice_and_bob_in_a_process(stack, ids, "kill", READER)
     with ca:
-        reader = subprocess.Popen(
-            [sys.executable, "-c", READER, *args], stdout=subprocess.PIPE, text=True
-        )
-        assert reader.stdout is not None
-        assert reader.stdout.readline().strip() == "ready"
         seqs = []
         for i in range(3):
             chan_a.send(f"m{i}".encode())
-            seq, data = reader.stdout.readline().split()
+            seq, data = out.readline().split()
             assert data == f"m{i}"
             seqs.append(int(seq))
         assert reader.wait(30) == -9
         # The last message was handed over but the cursor on disk is behind it: the
         # relay sends it again after the restart, and its key is already used.
-        state = LocalState(data_dir)
+        state = LocalState(stack.agent_dir(ids("b")))
         ((_, cursor, _),) = state.channels()
         state.close()
         assert cursor < seqs[-1]
@@ -193,7 +203,7 @@ def test_close_ends_a_send_waiting_for_the_relay(ids: Any) -> None:
 
 CRASH_BEFORE_STORE = """
 import os, signal, sys, time
-from svc_sdk import SvcClient
+from svc_sdk import Channel, SvcClient
 from svc_sdk.local_state import LocalState
 relay, data_dir, identity, key, api, name = sys.argv[1:]
 
@@ -213,20 +223,13 @@ print("not reached", flush=True)
 def test_agent_killed_between_decrypting_and_storing_loses_nothing(
     stack: LocalStack, ids: Any
 ) -> None:
-    channel = f"acme/tests/crash-before-store-{time.monotonic_ns()}"
-    ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
-    cb.close()
-    args = [stack.relay_url, str(stack.agent_dir(ids("b"))), ids("b")]
-    args += [stack.api_key, stack.api_url, channel]
+    channel, ca, chan_a, reader, out = alice_and_bob_in_a_process(
+        stack, ids, "crash-before-store", CRASH_BEFORE_STORE
+    )
     with ca:
-        reader = subprocess.Popen(
-            [sys.executable, "-c", CRASH_BEFORE_STORE, *args], stdout=subprocess.PIPE, text=True
-        )
-        assert reader.stdout is not None
-        assert reader.stdout.readline().strip() == "ready"
         chan_a.send_batch([b"m0", b"m1"])
         assert reader.wait(30) == -9
-        assert reader.stdout.read() == ""
+        assert out.read() == ""
         # The engine had not written its state: after the restart both decrypt again.
         with client(stack, ids("b")) as again:
             assert take(again.channel(channel), 2) == [b"m0", b"m1"]
