@@ -306,7 +306,7 @@ impl GroupHandle {
             }
         }
         let mut results: Vec<Result<Received>> = Vec::with_capacity(messages.len());
-        // Indices applied since the last state write: replayed if a later message fails.
+        // Indices applied since the stored state was written: replayed if a later one fails.
         let mut unsaved: Vec<usize> = Vec::new();
         let mut removed: Option<usize> = None;
         for (i, bytes) in messages.iter().enumerate() {
