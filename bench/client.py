@@ -137,11 +137,22 @@ def round_trips(stack: dict[str, str], rounds: int) -> tuple[float, float, float
     return samples[len(samples) // 2], samples[int(len(samples) * 0.99)], sends
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--round-trips", type=int, default=500, help="samples per round")
+    parser.add_argument("--messages", type=positive, default=20000)
+    parser.add_argument("--rounds", type=positive, default=3)
+    parser.add_argument("--round-trips", type=positive, default=500, help="samples per round")
     args = parser.parse_args()
     with LocalStack() as running:
         stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}

@@ -222,6 +222,7 @@ class Channel:
     def messages(self, timeout: float | None = None) -> MessageIterator:
         """A blocking iterator over decrypted payloads. With ``timeout`` it also stops
         after that many seconds without a message."""
+        _check_wait(timeout, None)
         return MessageIterator(self, timeout)
 
     def next_message(
@@ -246,13 +247,16 @@ class Channel:
         >>> while batch := channel.next_messages(timeout=5):
         ...     handle(batch)
         """
-        if limit is not None and (not isinstance(limit, int) or limit < 1):
-            raise ValueError("limit must be a positive integer or None")
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ValueError(f"limit must be a positive integer or None, not {limit!r}")
         return self._read(timeout, accept, limit)
 
     def _read(
         self, timeout: float | None, accept: Accept | None, limit: int | None
     ) -> list[Message]:
+        _check_wait(timeout, accept)
         deadline = None if timeout is None else time.monotonic() + timeout
         idle_since = None
         while True:
@@ -653,6 +657,18 @@ class Channel:
 
 def _any(message: Message) -> bool:
     return True
+
+
+def _check_wait(timeout: object, accept: object) -> None:
+    """A reader's ``timeout`` (seconds ≥ 0, or None to wait until a message or the
+    channel's end) and ``accept`` (a callable, or None for every message)."""
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise TypeError(f"timeout must be seconds or None, not {type(timeout).__name__}")
+        if not timeout >= 0:  # also catches NaN
+            raise ValueError(f"timeout must be 0 or more seconds, not {timeout}")
+    if accept is not None and not callable(accept):
+        raise TypeError(f"accept must be a callable or None, not {type(accept).__name__}")
 
 
 def _frames(ciphertexts: list[bytes]) -> Iterator[list[bytes]]:

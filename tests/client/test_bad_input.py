@@ -60,6 +60,18 @@ def test_channel_calls(stack: LocalStack, channel_name: str, ids: Any) -> None:
             ca.invite(channel_name, ttl=-1)
         with pytest.raises(KeyError):
             ca.channel("acme/tests/not-joined")
+        with pytest.raises(TypeError, match="timeout must be seconds or None, not str"):
+            chan_b.next_message("soon")  # type: ignore[arg-type]
+        for timeout in (-1, float("nan")):
+            with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+                chan_b.next_messages(timeout)
+        with pytest.raises(TypeError, match="timeout must be seconds or None"):
+            chan_b.messages(timeout=True)
+        with pytest.raises(TypeError, match="accept must be a callable or None, not int"):
+            chan_b.next_messages(0.1, accept=5)  # type: ignore[arg-type]
+        for limit in (0, -3, 1.5, True):
+            with pytest.raises(ValueError, match="limit must be a positive integer or None"):
+                chan_b.next_messages(0.1, limit=limit)  # type: ignore[arg-type]
         chan_a.send_batch([])  # nothing to do, not an error
         chan_a.send(b"still works")
         assert take(chan_b, 1) == [b"still works"]

@@ -226,3 +226,6 @@ def test_batches_persist_once_and_isolate_bad_messages(make_engine: MakeEngine) 
     assert bob.process_batch([]) == []
     with pytest.raises(TypeError):
         bob.process_batch(["not bytes"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="save"):
+        bob.process_batch([], save="yes")  # type: ignore[arg-type]
+    bob.save()  # nothing unsaved: a no-op, not an error
