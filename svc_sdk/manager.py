@@ -205,15 +205,10 @@ class SvcChannelManager:
 
     def _drain(self, name: str, timeout: float, accept: Accept | None = None) -> list[Message]:
         channel = self._channel(name)
-        taken = channel.take_buffered(accept)
-        if taken:
-            return taken
-        first = channel.next_message(timeout, accept)
-        if first is None:
-            if channel.closed and name not in self.client.channels():
-                raise ChannelClosedError(f"no longer in channel {name!r}")
-            return []
-        return [first, *channel.take_buffered(accept)]
+        taken = channel.next_messages(timeout, accept)
+        if not taken and channel.closed and name not in self.client.channels():
+            raise ChannelClosedError(f"no longer in channel {name!r}")
+        return taken
 
 
 def to_envelope(message: Message) -> Envelope:
