@@ -121,6 +121,21 @@ def test_next_messages_takes_what_is_there_in_order(
         assert chan_b.next_messages(0.1) == []  # closed: nothing, at once
 
 
+def test_take_buffered_returns_what_is_decrypted_without_waiting(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        chan_a.send_batch([b"a", b"b", b"c"])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 3 and time.monotonic() < deadline:
+            chan_b.process_pending()  # decrypts into the buffer (and the inbox)
+            got += [m.data for m in chan_b.take_buffered()]
+        assert got == [b"a", b"b", b"c"]
+        assert chan_b.take_buffered() == []  # nothing left, and it does not wait for more
+
+
 def test_send_from_threads_while_another_thread_iterates(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
