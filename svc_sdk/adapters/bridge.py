@@ -53,8 +53,7 @@ class ProtocolBridge:
         if source == target:
             raise ValueError("source and target are the same channel")
         for channel in (source, target):
-            if channel not in self.manager.list_channels():
-                raise ChannelClosedError(f"not in channel {channel!r}")
+            self.manager._channel(channel)  # raises unless this agent is in it
         if self._stop.is_set():
             raise ChannelClosedError("this bridge was stopped")
         name = f"{source}->{target}"

@@ -12,7 +12,6 @@ from typing import Any
 
 from svc_sdk.adapters._reader import Readers
 from svc_sdk.envelope import Envelope, Protocol
-from svc_sdk.errors import ChannelClosedError
 from svc_sdk.manager import SvcChannelManager
 
 
@@ -45,10 +44,7 @@ class SLIMAdapter:
         """Checks that this agent is in ``channel`` (create, join or join_with_token it
         first). Its manager already listens there and buffers what arrives, so every
         SLIM message from the agent's joining on is there for ``receive``."""
-        if channel not in self.manager.list_channels():
-            raise ChannelClosedError(
-                f"not in channel {channel!r}; create it, join it or join_with_token first"
-            )
+        self.manager._channel(channel)
 
     def receive(self, channel: str, timeout: float = 5.0) -> list[bytes]:
         """Payloads of the SLIM messages buffered on ``channel``, oldest first; waits up to
