@@ -122,6 +122,7 @@ def run(args: argparse.Namespace, database_url: str) -> int:
             "-c",
             "0",
             sys.executable,
+            "-P",
             "-m",
             "svc_sdk.cli",
             "api",

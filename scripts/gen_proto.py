@@ -1,4 +1,4 @@
-"""Regenerates svc_sdk/_relay_pb from proto/relay.proto (grpcio-tools).
+"""Regenerates src/svc_sdk/_relay_pb from proto/relay.proto (grpcio-tools).
 
     python scripts/gen_proto.py [OUT_DIR]
 
@@ -38,4 +38,4 @@ def generate(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "svc_sdk" / "_relay_pb")
+    generate(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "src" / "svc_sdk" / "_relay_pb")

@@ -34,5 +34,8 @@ echo "== python: lint, format, types"
 "$VENV/bin/ruff" format --check .
 "$VENV/bin/mypy"
 
+echo "== readme: the first command, verbatim, from a fresh clone"
+bash scripts/readme_first_command.sh
+
 echo "== python: tests"
 "$VENV/bin/python" -m pytest -q "$@"

@@ -55,7 +55,7 @@ def test_wheel_holds_only_prefixed_packages_and_every_module(tmp_path: Path) -> 
     }
     assert any(n.startswith("svc_sdk/_native.") and n.endswith(".so") for n in names)
     for folder, package in (
-        ("svc_sdk", "svc_sdk"),
+        ("src/svc_sdk", "svc_sdk"),
         ("server", "svc_server"),
         ("integrations", "svc_integrations"),
     ):

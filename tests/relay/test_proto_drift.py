@@ -13,7 +13,7 @@ def test_generated_code_matches_the_proto(tmp_path: Path) -> None:
     subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gen_proto.py"), str(tmp_path)], check=True
     )
-    committed = ROOT / "svc_sdk" / "_relay_pb"
+    committed = ROOT / "src" / "svc_sdk" / "_relay_pb"
     for name in ("relay_pb2.py", "relay_pb2.pyi", "relay_pb2_grpc.py", "__init__.py"):
         assert (tmp_path / name).read_text() == (committed / name).read_text(), (
             f"{name} is stale: run python scripts/gen_proto.py"

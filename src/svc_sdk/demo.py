@@ -52,8 +52,9 @@ def bob(rounds: int, token: str) -> None:
 
 
 def _spawn(role: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    # -P: the installed svc_sdk, never a folder of that name in the working directory.
     return subprocess.Popen(  # noqa: S603 - our own interpreter, fixed arguments
-        [sys.executable, "-m", "svc_sdk.demo", role, *args],
+        [sys.executable, "-P", "-m", "svc_sdk.demo", role, *args],
         env=env,
         stdout=subprocess.PIPE,
         text=True,
