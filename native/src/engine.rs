@@ -13,6 +13,7 @@ use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, Extension
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
 use mls_rs_core::group::GroupStateStorage;
 
+use crate::data_dir::{self, DataDirLock};
 use crate::error::{EngineError, Result};
 use crate::group::GroupHandle;
 use crate::message::{expect_kind, parse};
@@ -40,6 +41,8 @@ pub struct Engine {
     group_storage: SqLiteGroupStateStorage,
     // One handle per group, so every caller shares one ratchet state and one lock.
     groups: Mutex<HashMap<Vec<u8>, Arc<GroupHandle>>>,
+    // Held until `close` or drop: no other process uses this data_dir meanwhile.
+    lock: Mutex<Option<DataDirLock>>,
 }
 
 impl Engine {
@@ -59,7 +62,8 @@ impl Engine {
                 return Err(EngineError::UnsupportedCipherSuite(cs));
             }
         }
-        let db = storage::prepare_data_dir(data_dir)?;
+        let lock = data_dir::take(data_dir)?;
+        let db = data_dir::private_file(data_dir, storage::DB_FILE)?;
         let ids = IdentityStore::open(&db)?;
         let stored = match ids.load()? {
             Some(stored) => stored,
@@ -116,7 +120,13 @@ impl Engine {
             data_dir: data_dir.to_owned(),
             group_storage,
             groups: Mutex::new(HashMap::new()),
+            lock: Mutex::new(Some(lock)),
         })
+    }
+
+    /// Releases the data_dir for another process. The engine must not be used afterwards.
+    pub fn close(&self) {
+        self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     fn new_identity(identity: &[u8], cipher_suite: u16) -> Result<StoredIdentity> {

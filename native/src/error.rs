@@ -1,5 +1,5 @@
 //! Engine errors. Every failure crosses into Python as `MlsError`, a RuntimeError whose
-//! message starts with `MLS engine error: ` (spec 7.2); the text here is what follows.
+//! message starts with `MLS engine error: ` (docs/client.md, Errors); the text here is what follows.
 
 use mls_rs::error::MlsError as RsError;
 
@@ -7,6 +7,9 @@ use mls_rs::error::MlsError as RsError;
 pub enum EngineError {
     #[error("cannot use data_dir {path}: {detail}")]
     DataDir { path: String, detail: String },
+
+    #[error("data_dir {path} is in use by another process{}; one process per data_dir: stop that one, or give this agent another data_dir", holder_text(.holder))]
+    DataDirInUse { path: String, holder: String },
 
     #[error("storage failure: {0}")]
     Storage(String),
@@ -64,6 +67,14 @@ pub enum EngineError {
 
     #[error("{op}: {detail}")]
     Mls { op: &'static str, detail: String },
+}
+
+fn holder_text(holder: &str) -> String {
+    if holder.is_empty() {
+        String::new()
+    } else {
+        format!(" (pid {holder})")
+    }
 }
 
 pub type Result<T> = std::result::Result<T, EngineError>;

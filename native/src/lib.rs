@@ -5,6 +5,7 @@
 //! change, commits that stay pending until the delivery service decides. The `python`
 //! feature adds the PyO3 bindings that ship as `svc_sdk._native`.
 
+pub mod data_dir;
 pub mod engine;
 pub mod error;
 pub mod group;

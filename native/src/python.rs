@@ -21,7 +21,19 @@ create_exception!(
 );
 
 fn to_py(e: EngineError) -> PyErr {
-    MlsError::new_err(format!("MLS engine error: {e}"))
+    match e {
+        // Not an MLS failure: the agent's directory is unusable as given, which the library
+        // reports as `runtime error: ` (svc_sdk.errors.InternalError).
+        EngineError::DataDir { .. } | EngineError::DataDirInUse { .. } => {
+            Python::with_gil(
+                |py| match py.import("svc_sdk.errors").and_then(|m| m.getattr("InternalError")) {
+                    Ok(cls) => PyErr::from_type(cls.downcast_into().expect("InternalError is a type"), e.to_string()),
+                    Err(err) => err,
+                },
+            )
+        }
+        _ => MlsError::new_err(format!("MLS engine error: {e}")),
+    }
 }
 
 fn bytes<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
@@ -63,6 +75,12 @@ impl PyEngine {
     #[getter]
     fn data_dir(&self) -> PathBuf {
         self.inner.data_dir().to_owned()
+    }
+
+    /// Releases `data_dir` for another process (it is locked from the constructor on, and
+    /// released too when the engine is garbage-collected). Don't use the engine afterwards.
+    fn close(&self) {
+        self.inner.close();
     }
 
     /// A single-use MLS key package (bytes) to hand to a member who will add this agent.

@@ -1,8 +1,6 @@
 //! The agent's `data_dir`: one SQLite file holding the signing identity, group state,
 //! prior-epoch secrets and key-package secrets, private to the agent's user.
 
-use std::fs::{self, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use mls_rs::storage_provider::sqlite::{
@@ -37,46 +35,6 @@ fn open_connection(path: &Path) -> std::result::Result<Connection, rusqlite::Err
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
     Ok(conn)
-}
-
-/// Creates `data_dir` (0700) and the database file (0600) before SQLite touches them, so
-/// no key material is ever readable by another user, not even for an instant.
-pub fn prepare_data_dir(data_dir: &Path) -> Result<PathBuf> {
-    let err = |detail: String| EngineError::DataDir {
-        path: data_dir.display().to_string(),
-        detail,
-    };
-    if data_dir.as_os_str().is_empty() {
-        return Err(err("path is empty".into()));
-    }
-    if data_dir.exists() {
-        if !data_dir.is_dir() {
-            return Err(err("exists and is not a directory".into()));
-        }
-    } else {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(data_dir)
-            .map_err(|e| err(e.to_string()))?;
-    }
-    // Tighten a directory that an earlier tool created with looser permissions.
-    let mode = fs::metadata(data_dir)
-        .map_err(|e| err(e.to_string()))?
-        .permissions()
-        .mode();
-    if mode & 0o077 != 0 {
-        fs::set_permissions(data_dir, fs::Permissions::from_mode(0o700)).map_err(|e| err(e.to_string()))?;
-    }
-    let db = data_dir.join(DB_FILE);
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&db)
-        .map_err(|e| err(format!("cannot create {}: {e}", db.display())))?;
-    fs::set_permissions(&db, fs::Permissions::from_mode(0o600)).map_err(|e| err(e.to_string()))?;
-    Ok(db)
 }
 
 pub fn storage_engine(db: &Path) -> SqLiteDataStorageEngine<SecureFileStrategy> {

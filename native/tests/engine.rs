@@ -219,6 +219,96 @@ fn data_dir_is_private_and_bound_to_identity() {
     ));
 }
 
+fn set_mode(p: &std::path::Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// Gives `p` to another user; false where this process may not (not root).
+fn give_away(p: &std::path::Path) -> bool {
+    std::os::unix::fs::chown(p, Some(65534), None).is_ok()
+}
+
+fn refused(result: Result<Engine, EngineError>, needle: &str) {
+    match result {
+        Err(EngineError::DataDir { detail, .. }) => assert!(detail.contains(needle), "{detail}"),
+        Err(other) => panic!("expected a data_dir refusal containing {needle:?}, got {other}"),
+        Ok(_) => panic!("expected a data_dir refusal containing {needle:?}, got an engine"),
+    }
+}
+
+#[test]
+fn one_process_at_a_time_per_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Engine::open(dir.path(), b"alice", None).unwrap();
+    match Engine::open(dir.path(), b"alice", None) {
+        Err(e @ EngineError::DataDirInUse { .. }) => {
+            assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}")
+        }
+        Err(other) => panic!("expected DataDirInUse, got {other}"),
+        Ok(_) => panic!("a second engine opened a data_dir in use"),
+    }
+    first.close();
+    let second = Engine::open(dir.path(), b"alice", None).unwrap();
+    drop(second); // dropping releases it too
+    Engine::open(dir.path(), b"alice", None).unwrap();
+}
+
+#[test]
+fn data_dir_readable_by_others_is_refused_unless_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    set_mode(&empty, 0o755);
+    Engine::open(&empty, b"alice", None).unwrap();
+    assert_eq!(std::fs::metadata(&empty).unwrap().permissions().mode() & 0o777, 0o700);
+
+    set_mode(&empty, 0o750);
+    refused(Engine::open(&empty, b"alice", None), "chmod 700");
+    set_mode(&empty, 0o700);
+    let db = empty.join("mls.sqlite3");
+    set_mode(&db, 0o644);
+    refused(
+        Engine::open(&empty, b"alice", None),
+        "mls.sqlite3 in it is readable by other users",
+    );
+    set_mode(&db, 0o600);
+    Engine::open(&empty, b"alice", None).unwrap();
+
+    let file = dir.path().join("file");
+    std::fs::write(&file, b"").unwrap();
+    refused(Engine::open(&file, b"alice", None), "not a directory");
+}
+
+#[test]
+fn data_dir_of_another_user_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    set_mode(&theirs, 0o700);
+    if !give_away(&theirs) {
+        eprintln!("skipped: only root can hand a directory to another user");
+        return;
+    }
+    refused(Engine::open(&theirs, b"alice", None), "owned by uid 65534");
+    assert_eq!(
+        std::fs::read_dir(&theirs).unwrap().count(),
+        0,
+        "nothing written into it"
+    );
+
+    // A private directory of ours with a planted file another user owns.
+    let ours = dir.path().join("ours");
+    Engine::open(&ours, b"alice", None).unwrap();
+    let planted = ours.join("client.sqlite3");
+    std::fs::write(&planted, b"").unwrap();
+    set_mode(&planted, 0o600);
+    assert!(give_away(&planted));
+    refused(
+        Engine::open(&ours, b"alice", None),
+        "client.sqlite3 in it is owned by uid 65534",
+    );
+}
+
 #[test]
 fn bad_input_is_a_clear_error_and_changes_nothing() {
     let (a, b, m) = (agent("alice"), agent("bob"), agent("mallory"));
@@ -358,6 +448,7 @@ fn trailing_bytes_are_rejected() {
 /// A copy of `dir` as a restarted process would find it (SQLite's WAL included).
 fn snapshot(dir: &std::path::Path) -> TempDir {
     let copy = tempfile::tempdir().unwrap();
+    set_mode(copy.path(), 0o700); // a data_dir keeps its mode
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
         std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();

@@ -1,9 +1,10 @@
-"""The client side of the account API: exchanging the API key for relay JWTs (spec 5.3)
+"""The client side of the account API: exchanging the API key for relay JWTs
 and the invite endpoints. Errors become the library's RuntimeError subclasses."""
 
 from __future__ import annotations
 
 import base64
+import json
 import threading
 import time
 from datetime import datetime
@@ -14,7 +15,7 @@ import httpx
 from svc_sdk import credentials
 from svc_sdk.errors import AuthError, InternalError, InviteError, TransportError
 
-# Refresh when this share of the token's lifetime has passed (spec 3.2: exchange again
+# Refresh when this share of the token's lifetime has passed (exchange again
 # before it expires, so a stream never sees an expired token).
 REFRESH_AT = 0.75
 
@@ -62,6 +63,16 @@ class ApiClient:
                 self._exchange()
             assert self._token is not None
             return self._token
+
+    def account_id(self) -> str:
+        """The account the key belongs to: the current token's subject. Read without
+        verifying the token, which only the relay needs to trust."""
+        try:
+            payload = self.token().split(".")[1]
+            claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+            return str(claims["sub"])
+        except (IndexError, ValueError, KeyError, TypeError):
+            raise InternalError("the account API issued a token without a subject") from None
 
     def refresh(self) -> str:
         """Exchanges the key for a new JWT now."""

@@ -1,4 +1,4 @@
-"""``SvcClient`` (spec 4.5): one agent's MLS engine, relay connection and channels.
+"""``SvcClient``: one agent's MLS engine, relay connection and channels.
 
 >>> client = SvcClient("http://127.0.0.1:50051", "/tmp/svc-alice", b"alice",
 ...                    api_key=key, api_url="http://127.0.0.1:8000")   # doctest: +SKIP
@@ -36,6 +36,7 @@ from svc_sdk.relay_link import RelayLink, StaticToken, TokenSource
 
 T = TypeVar("T")
 MAX_IDENTITY = 1024
+NO_API_KEY = "no API key: pass api_key (or set SVC_API_KEY, or run `svc signup`)"
 
 
 def parse_endpoints(endpoint: str) -> list[str]:
@@ -71,6 +72,7 @@ class SvcClient:
         token: str | None = None,
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        _api: ApiClient | None = None,
     ) -> None:
         if isinstance(cast(object, identity), str):
             raise TypeError("identity must be bytes (SvcChannelManager accepts str)")
@@ -86,12 +88,14 @@ class SvcClient:
         self._lock = threading.Lock()
         self._closed = False
         tokens: TokenSource
-        if api_key:
+        if _api is not None:  # the manager's, which already exchanged the key
+            self.api = tokens = _api
+        elif api_key:
             if not api_url:
                 raise AuthError("api_url is required when api_key is set")
             self.api = ApiClient(api_url, api_key)
             try:
-                self.api.token()  # spec 4.5: exchanged at creation; a bad key fails here
+                self.api.token()  # exchanged at creation, so a bad key fails here
             except BaseException:
                 self.api.close()
                 raise
@@ -99,11 +103,11 @@ class SvcClient:
         elif token:
             tokens = StaticToken(token)
         else:
-            raise AuthError("no API key: pass api_key (or set SVC_API_KEY, or run `svc signup`)")
-        self.engine = Engine(Path(data_dir), identity)
-        self.state = LocalState(self.engine.data_dir)
-        self.link = RelayLink(endpoints, identity, tokens)
+            raise AuthError(NO_API_KEY)
         try:
+            self.engine = Engine(Path(data_dir), identity)
+            self.state = LocalState(self.engine.data_dir)
+            self.link = RelayLink(endpoints, identity, tokens)
             self.link.start(connect_timeout)
             self._restore()
         except BaseException:
@@ -172,7 +176,7 @@ class SvcClient:
         if self._closed:
             raise ChannelClosedError("the client is closed")
 
-    # -- spec 4.5 ----------------------------------------------------------------------
+    # -- the core API ------------------------------------------------------------------
 
     def create_channel(self, name: str) -> Channel:
         """Creates channel ``name`` (org/namespace/service) with this agent as its first
@@ -226,7 +230,7 @@ class SvcClient:
             self.engine.delete_group(name.encode())
             raise
 
-    # -- beyond the spec ---------------------------------------------------------------
+    # -- beyond the core ---------------------------------------------------------------
 
     def channel(self, name: str) -> Channel:
         """A channel this agent is in (KeyError if it is not)."""
@@ -304,6 +308,8 @@ class SvcClient:
             self.api.close()
         if getattr(self, "state", None) is not None:
             self.state.close()
+        if getattr(self, "engine", None) is not None:
+            self.engine.close()  # data_dir is free for the next process
 
     def __enter__(self) -> SvcClient:
         return self

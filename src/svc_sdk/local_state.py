@@ -13,6 +13,7 @@ holds the keys that decrypt it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -38,8 +39,10 @@ CREATE TABLE IF NOT EXISTS inbox (
 class LocalState:
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
         path = Path(data_dir) / "client.sqlite3"
-        # Created 0600 before SQLite opens it (the engine made data_dir 0700).
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        # Created 0600 and exclusively before SQLite opens it; a file that exists already
+        # was checked (ours, private) when the engine took data_dir.
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")

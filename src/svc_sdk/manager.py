@@ -1,4 +1,4 @@
-"""``SvcChannelManager`` (spec 4.6): channels for synchronous callers, with a background
+"""``SvcChannelManager``: channels for synchronous callers, with a background
 listener thread per channel that processes deliveries as they arrive (decrypting,
 applying commits, adding agents that redeemed invites), so ``receive`` only reads.
 
@@ -10,6 +10,7 @@ applying commits, adding agents that redeemed invites), so ``receive`` only read
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -17,9 +18,10 @@ import time
 
 from svc_sdk import credentials
 from svc_sdk.channel import Accept, Channel, Message
-from svc_sdk.client import SvcClient
+from svc_sdk.api_client import ApiClient
+from svc_sdk.client import NO_API_KEY, SvcClient, parse_endpoints
 from svc_sdk.envelope import Envelope, Protocol
-from svc_sdk.errors import ChannelClosedError
+from svc_sdk.errors import AuthError, ChannelClosedError
 from svc_sdk.names import check_channel_name
 
 log = logging.getLogger("svc_sdk.manager")
@@ -27,18 +29,25 @@ log = logging.getLogger("svc_sdk.manager")
 STOP_POLL = 0.2  # how often listeners look at the stop flag: close() takes at most this
 
 
-def default_data_dir(identity: bytes) -> str:
-    # The spec's default. The engine creates it 0700 and refuses a directory that another
-    # user could read or that is bound to another identity.
-    return f"/tmp/svc-{identity.hex()}"  # noqa: S108
+def default_data_dir(identity: bytes, relay: str, account: str) -> str:
+    """The spec's default, ``/tmp/svc-<hex>``, where ``<hex>`` stands for this OS user,
+    the relay address, the account and the identity together: state from another server,
+    account or user is never picked up, and two users on one host never share a folder.
+
+    The engine creates it 0700 and refuses one that another user owns or can read, or
+    that another process is using (docs/client.md).
+    """
+    parts = (str(os.geteuid()).encode(), relay.encode(), account.encode(), identity)
+    digest = hashlib.sha256(b"\0".join(parts)).hexdigest()[:32]
+    return f"/tmp/svc-{digest}"  # noqa: S108
 
 
 class SvcChannelManager:
     """Channels by name, for code that wants plain calls rather than iterators.
 
-    Every argument but ``identity`` has a default from the environment (spec 4.6):
+    Every argument but ``identity`` has a default from the environment:
     ``endpoint`` from ``SVC_RELAY`` (else ``http://127.0.0.1:50051``), ``data_dir`` from
-    ``SVC_DATA_DIR`` (else ``/tmp/svc-<identity hex>``), ``api_key`` from ``SVC_API_KEY``
+    ``SVC_DATA_DIR`` (else ``/tmp/svc-<hex>``, see :func:`default_data_dir`), ``api_key`` from ``SVC_API_KEY``
     (else the file ``svc signup`` wrote), ``api_url`` from ``SVC_API_URL`` (else
     ``http://127.0.0.1:8000``) — the addresses ``svc up`` listens on.
     """
@@ -57,14 +66,25 @@ class SvcChannelManager:
         if not isinstance(ident, bytes):
             raise TypeError("identity must be bytes or str")
         self.identity = ident
-        self.client = SvcClient(
-            endpoint or os.environ.get("SVC_RELAY") or credentials.DEFAULT_RELAY_URL,
-            data_dir or os.environ.get("SVC_DATA_DIR") or default_data_dir(ident),
-            ident,
-            api_key or credentials.load_api_key(),
-            api_url or credentials.api_url(),
-            timeout=timeout,
-        )
+        relay = endpoint or os.environ.get("SVC_RELAY") or credentials.DEFAULT_RELAY_URL
+        key = api_key or credentials.load_api_key()
+        url = api_url or credentials.api_url()
+        directory = data_dir or os.environ.get("SVC_DATA_DIR")
+        api = None
+        if not directory:
+            # The default folder names the account, known once the key is exchanged; the
+            # client reuses that exchange.
+            if not key:
+                raise AuthError(NO_API_KEY)
+            api = ApiClient(url, key)
+            try:
+                directory = default_data_dir(
+                    ident, ",".join(parse_endpoints(relay)), api.account_id()
+                )
+            except BaseException:
+                api.close()
+                raise
+        self.client = SvcClient(relay, directory, ident, key, url, timeout=timeout, _api=api)
         self._stop = threading.Event()
         self._listeners: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
@@ -103,7 +123,7 @@ class SvcChannelManager:
                 f"not in channel {name!r}; create it, join it or join_with_token first"
             ) from None
 
-    # -- spec 4.6 ----------------------------------------------------------------------
+    # -- the core API ------------------------------------------------------------------
 
     def create(self, channel_name: str) -> None:
         """Creates the channel and starts listening on it."""
@@ -116,6 +136,8 @@ class SvcChannelManager:
         self._ensure_listening(channel_name)
 
     def generate_key_package(self) -> bytes:
+        """A single-use MLS key package of this agent, to hand to a member who calls
+        ``add_member`` (``join_with_token`` does this exchange for you)."""
         return self.client.generate_key_package()
 
     def add_member(self, channel_name: str, key_package: bytes) -> bytes:
@@ -151,6 +173,8 @@ class SvcChannelManager:
         self._ensure_listening(channel_name)
 
     def send_envelope(self, channel_name: str, envelope: Envelope) -> None:
+        """Sends an :class:`Envelope` (a payload tagged with its protocol), encrypted;
+        readers get it back from ``receive_envelopes``."""
         if not isinstance(envelope, Envelope):
             raise TypeError("send_envelope takes an Envelope")
         self._channel(channel_name).send(envelope.serialize())
@@ -159,7 +183,7 @@ class SvcChannelManager:
         """Buffered messages as Envelopes; anything that is not one is wrapped as RAW."""
         return [to_envelope(m) for m in self._drain(channel_name, timeout)]
 
-    # -- beyond the spec ---------------------------------------------------------------
+    # -- beyond the core ---------------------------------------------------------------
 
     def receive_messages(
         self, channel_name: str, timeout: float = 5.0, *, accept: Accept | None = None
@@ -171,12 +195,16 @@ class SvcChannelManager:
         return self._drain(channel_name, timeout, accept)
 
     def members(self, channel_name: str) -> list[bytes]:
+        """The identities of the channel's members, as this agent's MLS state has them."""
         return self._channel(channel_name).members()
 
     def remove_member(self, channel_name: str, identity: bytes | str) -> None:
+        """Removes the member with this identity: a commit the relay must accept, after
+        which it can read nothing sent later."""
         self._channel(channel_name).remove_member(identity)
 
     def leave(self, channel_name: str) -> None:
+        """Leaves the channel (another member commits the removal) and forgets it here."""
         self._channel(channel_name).leave()
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
-"""SvcChannelManager (spec 4.6) and invites, end to end on a real local stack."""
+"""SvcChannelManager and invites, end to end on a real local stack."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import threading
 import time
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from svc_sdk import Envelope, InviteError, Protocol, SvcChannelManager
+from svc_sdk.manager import default_data_dir
 from svc_sdk.testing import LocalStack
 
 
@@ -41,11 +43,12 @@ def test_data_dir_default_is_tmp_svc_hex(
 ) -> None:
     monkeypatch.delenv("SVC_DATA_DIR", raising=False)
     identity = f"default-dir-{time.monotonic_ns()}".encode()
-    with stack.manager(identity, data_dir=None) as manager:
-        assert str(manager.client.engine.data_dir) == f"/tmp/svc-{identity.hex()}"
-    import shutil
-
-    shutil.rmtree(f"/tmp/svc-{identity.hex()}")
+    expected = default_data_dir(identity, stack.relay_url, stack.account_id)
+    try:
+        with stack.manager(identity, data_dir=None) as manager:
+            assert str(manager.client.engine.data_dir) == expected
+    finally:
+        shutil.rmtree(expected, ignore_errors=True)
 
 
 def test_invite_join_and_exchange(stack: LocalStack, channel_name: str, ids: Any) -> None:
