@@ -99,11 +99,16 @@ def _tls_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("api", help="run the account API server")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
     p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level",
+    )
     _tls_arguments(p)
     p.set_defaults(func=run_api)
 
@@ -112,9 +117,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=rotate_signing_key)
 
     p = sub.add_parser("up", help="run the account API and the relay together")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--api-port", type=int, default=8000)
-    p.add_argument("--relay-port", type=int, default=50051)
+    p.add_argument("--host", default="127.0.0.1", help="address both servers listen on")
+    p.add_argument("--api-port", type=int, default=8000, help="account API port (0: any free)")
+    p.add_argument("--relay-port", type=int, default=50051, help="relay port (0: any free)")
     p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
     p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
     p.add_argument("--redis-url", default=None, help="relay log in Redis (SVC_REDIS_URL)")
@@ -122,14 +127,14 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=run_up)
 
     p = sub.add_parser("relay", help="run one relay process")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50051)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=50051, help="port to listen on (0: any free)")
     p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
     p.add_argument("--database-url", default=None, help="channel registry (SVC_DATABASE_URL)")
     p.add_argument(
         "--redis-url", default=None, help="shared log for several relays (SVC_REDIS_URL)"
     )
     p.add_argument("--api-url", default=None, help="account API for the JWKS (SVC_API_URL)")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: off)")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port; 0 turns it off")
     _tls_arguments(p)
     p.set_defaults(func=run_relay)

@@ -89,15 +89,26 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
-    # Only location, message and type: never the offending input, which may be a secret.
-    return [
-        {
-            "loc": [str(p) for p in err.get("loc", ())],
+    """One entry per failing field: ``field`` (dotted, within its location), ``pointer``
+    (a JSON Pointer into the body, as RFC 9457's example extension has it), ``detail``,
+    and pydantic's ``loc``, ``msg`` and ``type``. Never the offending input, which may be
+    a secret."""
+    errors = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        # loc starts with where the value was: body, query, path or header.
+        where, path = (loc[0], loc[1:]) if loc else ("body", [])
+        entry: dict[str, Any] = {
+            "field": ".".join(path) or where,
+            "detail": str(err.get("msg", "invalid value")),
+            "loc": loc,
             "msg": err.get("msg"),
             "type": err.get("type"),
         }
-        for err in exc.errors()
-    ]
+        if where == "body":
+            entry["pointer"] = "#/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in path)
+        errors.append(entry)
+    return errors
 
 
 def install(app: FastAPI) -> None:
@@ -115,7 +126,8 @@ def install(app: FastAPI) -> None:
         errors = _validation_errors(exc)
         if any(e["type"] == "json_invalid" for e in errors):
             return problem_response(400, "request body is not valid JSON", slug="malformed-json")
-        return problem_response(422, "request does not match the schema", errors=errors)
+        fields = "; ".join(f"{e['field']}: {e['detail']}" for e in errors)
+        return problem_response(422, f"invalid request: {fields}", errors=errors)
 
     @app.exception_handler(OperationalError)
     async def _database(_: Request, exc: OperationalError) -> JSONResponse:

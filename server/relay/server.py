@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,24 @@ def make_verifier(settings: Settings, sessions: sessionmaker[Session]) -> TokenV
     return TokenVerifier(from_database, issuer=settings.issuer, audience=settings.audience)
 
 
+def _check_port(host: str, port: int) -> None:
+    """A taken port is our one-line error, not gRPC's C-core log line followed by ours:
+    the same bind gRPC will do, tried first. (SO_REUSEADDR as gRPC sets it: a port left
+    in TIME_WAIT is free, one with a listener is not.)"""
+    address = host.strip("[]")
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise StartupError(f"relay cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(sockaddr)
+        except OSError as exc:
+            raise StartupError(f"relay cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
 @dataclass
 class RunningRelay:
     relay: Relay
@@ -84,6 +103,8 @@ async def start_relay(
     metrics: RelayMetrics | None = None,
 ) -> RunningRelay:
     """Starts a relay on ``host:port`` (0 picks a free port) and returns once it serves."""
+    if port:
+        _check_port(host, port)
     if sessions is None:
         engine = await asyncio.to_thread(open_database, settings)
         sessions = make_sessionmaker(engine)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,13 +31,25 @@ def _request(method: str, path: str, *, key: str | None, body: Any = None) -> ht
     except httpx.HTTPError as exc:
         raise CliError(f"transport error: cannot reach {credentials.api_url()}: {exc}") from exc
     if response.status_code >= 400:
-        try:
-            detail = response.json().get("detail") or response.json().get("title")
-        except ValueError:
-            detail = response.text[:200]
-        prefix = "auth error: " if response.status_code == 401 else ""
-        raise CliError(f"{prefix}{detail} (HTTP {response.status_code})")
+        raise CliError(_problem_text(response))
     return response
+
+
+def _problem_text(response: httpx.Response) -> str:
+    """One line for an RFC 9457 problem, then one line per field it lists in ``errors``."""
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = None
+    if not isinstance(problem, dict):
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+    detail = problem.get("detail") or problem.get("title") or "request failed"
+    prefix = "auth error: " if response.status_code == 401 else ""
+    lines = [f"{prefix}{detail} (HTTP {response.status_code})"]
+    for error in problem.get("errors") or ():
+        if isinstance(error, dict):
+            lines.append(f"  {error.get('field') or '(request)'}: {error.get('detail')}")
+    return "\n".join(lines)
 
 
 def _key() -> str:
@@ -57,10 +70,25 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _existing_key_error(path: Path) -> CliError:
+    return CliError(
+        f"runtime error: {path} already holds an API key; `svc signup --force` replaces "
+        "it (keep a copy if it is the only one for its account)"
+    )
+
+
 def signup(args: argparse.Namespace) -> None:
+    path = credentials.key_file()
+    # Checked before the account is created; the write below re-checks atomically.
+    if path.exists() and not args.force:
+        raise _existing_key_error(path)
     body = {"email": args.email, **({"name": args.name} if args.name else {})}
     data = _request("POST", "/v1/accounts", key=None, body=body).json()
-    path = credentials.save_api_key(data["api_key"]["key"])
+    try:
+        path = credentials.save_api_key(data["api_key"]["key"], replace=args.force)
+    except FileExistsError:
+        print(f"API key {data['api_key']['key']}")  # shown once: don't lose it
+        raise _existing_key_error(path) from None
     # The key is shown here once; afterwards only the key file holds it.
     if args.json:
         data["api_key"]["key_file"] = str(path)
@@ -112,22 +140,25 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         p.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("signup", help="create an account; writes the API key to ~/.svc/api-key")
-    p.add_argument("email")
-    p.add_argument("--name", default=None)
+    p.add_argument("email", help="the account's email address")
+    p.add_argument("--name", default=None, help="a display name for the account")
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing ~/.svc/api-key"
+    )
     json_flag(p)
     p.set_defaults(func=signup)
 
     keys = sub.add_parser("keys", help="create, list and revoke API keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     p = keys_sub.add_parser("create", help="create a key (shown once)")
-    p.add_argument("--name", default="default")
+    p.add_argument("--name", default="default", help="a label for the key")
     json_flag(p)
     p.set_defaults(func=keys_create)
     p = keys_sub.add_parser("list", help="active keys, newest first")
     json_flag(p)
     p.set_defaults(func=keys_list)
     p = keys_sub.add_parser("revoke", help="revoke a key by id")
-    p.add_argument("id")
+    p.add_argument("id", help="the key's id, from `svc keys list`")
     json_flag(p)
     p.set_defaults(func=keys_revoke)
 

@@ -5,8 +5,19 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from svc_sdk import account_cli
+from svc_sdk import __version__, account_cli
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -22,13 +33,40 @@ def _mcp(args: argparse.Namespace) -> int:
     return int(mcp_server.main())
 
 
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default after its help, unless there is nothing to show
+    (flags, options without a default) or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            default is None
+            or isinstance(default, bool)
+            or default is argparse.SUPPRESS
+            or "default" in text
+            or not action.option_strings
+        ):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every ``svc`` parser, subcommands included, formats its help the same way."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="svc", description="End-to-end encrypted messaging for software agents."
     )
+    parser.add_argument("--version", action="version", version=f"svc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="two agents exchange encrypted messages")
-    demo.add_argument("--rounds", type=int, default=3, help="message round trips (default 3)")
+    demo.add_argument("--rounds", type=_positive, default=3, help="message round trips")
     demo.set_defaults(func=_demo)
     mcp = sub.add_parser(
         "mcp",

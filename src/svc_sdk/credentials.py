@@ -1,9 +1,10 @@
-"""Where the API key and API address come from (spec 5.4): ``SVC_API_KEY`` or the key
+"""Where the API key and API address come from: ``SVC_API_KEY`` or the key
 file ``svc signup`` writes (``~/.svc/api-key``, mode 0600), and ``SVC_API_URL``."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import ssl
 from pathlib import Path
 
@@ -42,13 +43,22 @@ def load_api_key() -> str | None:
         return None
 
 
-def save_api_key(key: str) -> Path:
-    """Writes the key file with 0600 permissions (its folder 0700), replacing any old one."""
+def save_api_key(key: str, *, replace: bool = False) -> Path:
+    """Writes the key file, 0600 in a 0700 folder. An existing key file is kept unless
+    ``replace``: it may hold the only copy of another account's key
+    (:class:`FileExistsError`)."""
     path = key_file()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
-    os.replace(tmp, path)
+    # A fresh name each time, created exclusively: never a file someone else prepared.
+    tmp = path.with_name(f".api-key.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(key + "\n")
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # fails if the key file exists, atomically
+    finally:
+        tmp.unlink(missing_ok=True)
     return path

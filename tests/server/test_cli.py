@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..support import RunningApi
@@ -20,7 +22,7 @@ def svc(
     if key is not None:
         env["SVC_API_KEY"] = key
     return subprocess.run(
-        [sys.executable, "-m", "svc_sdk.cli", *args],
+        [sys.executable, "-P", "-m", "svc_sdk.cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -76,6 +78,10 @@ def test_cli_errors(api: RunningApi, tmp_path: Path) -> None:
     assert missing.returncode == 1 and "auth error: no API key" in missing.stderr
     bad = svc(api, home, "signup", "not-an-email")
     assert bad.returncode == 1 and "HTTP 422" in bad.stderr
+    # The field and the reason, from the problem's errors list.
+    assert "invalid request: email: value is not a valid email address" in bad.stderr
+    assert "\n  email: value is not a valid email address" in bad.stderr
+    assert not (home / ".svc").exists(), "nothing saved for a failed signup"
     env = {**os.environ, "HOME": str(home), "SVC_API_URL": "http://127.0.0.1:9"}
     unreachable = subprocess.run(
         [sys.executable, "-m", "svc_sdk.cli", "signup", "x@example.com"],
@@ -109,3 +115,68 @@ def test_rotate_signing_key_command(api: RunningApi, tmp_path: Path) -> None:
     new_kid = result.stdout.split()[3].rstrip(";")
     after = {k["kid"] for k in httpx.get(f"{api.url}/.well-known/jwks.json").json()["keys"]}
     assert after == before | {new_kid}
+
+
+def test_signup_keeps_an_existing_key_file(api: RunningApi, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    assert svc(api, home, "signup", "first@example.com").returncode == 0
+    key_file = home / ".svc" / "api-key"
+    first = key_file.read_text()
+
+    again = svc(api, home, "signup", "second@example.com")
+    assert again.returncode == 1
+    assert f"{key_file} already holds an API key" in again.stderr
+    assert "--force" in again.stderr
+    assert key_file.read_text() == first
+    # Refused before the account was made: the address is still free.
+    forced = svc(api, home, "signup", "second@example.com", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert key_file.read_text() != first
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert sorted(p.name for p in key_file.parent.iterdir()) == ["api-key"]
+
+
+def test_version_and_help(tmp_path: Path) -> None:
+    from svc_sdk import __version__
+    from svc_sdk.cli import build_parser
+
+    version = subprocess.run(
+        [sys.executable, "-P", "-m", "svc_sdk.cli", "--version"], capture_output=True, text=True
+    )
+    assert version.returncode == 0 and version.stdout.strip() == f"svc {__version__}"
+    assert __version__ != "0.0.0"
+
+    def parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from parsers(child)
+
+    seen = 0
+    for parser in parsers(build_parser()):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                continue
+            assert action.help, f"{parser.prog}: {action.dest} has no help line"
+            seen += 1
+    assert seen > 40
+    up = build_parser().parse_args(["up"])
+    help_text = _help("up")
+    assert "(default: 127.0.0.1)" in help_text and "(default: 8000)" in help_text
+    assert "(default: 50051)" in help_text and up.relay_port == 50051
+    assert "(default: 50051)" in _help("relay") and "(default: 8000)" in _help("api")
+    assert "(default: None)" not in help_text
+
+
+def _help(command: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "svc_sdk.cli", command, "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
