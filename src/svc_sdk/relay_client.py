@@ -158,10 +158,17 @@ class RelayConnection:
         request_id = next(self._ids)
         future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        # One write at a time, in call order (asyncio.Lock is FIFO): concurrent senders
-        # keep the order in which they asked.
-        async with self._write_lock:
-            await self._call.write(pb.ClientFrame(request_id=request_id, **kind))
+        try:
+            # One write at a time, in call order (asyncio.Lock is FIFO): concurrent senders
+            # keep the order in which they asked.
+            async with self._write_lock:
+                await self._call.write(pb.ClientFrame(request_id=request_id, **kind))
+        except BaseException:
+            # The caller gets the write's error; a future nobody holds must not fail later
+            # ("Future exception was never retrieved" once per lost write).
+            self._pending.pop(request_id, None)
+            future.cancel()
+            raise
         return future
 
     async def request(self, timeout: float = 30.0, check: bool = True, **kind: Any) -> pb.Reply:

@@ -439,6 +439,15 @@ class RelayLink:
             if attempt > 1 or len(self.endpoints) > 1:
                 self._endpoint_index += 1
             delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** min(attempt - 1, 10))
+            # One line per failed attempt, the first of a run included: quiet enough for
+            # a relay that is down for long (the delay grows to BACKOFF_MAX).
+            log.warning(
+                "relay %s: %s; reconnecting (attempt %d, next in %.1f s)",
+                endpoint,
+                self._error.detail if self._error else "connection failed",
+                attempt,
+                delay,
+            )
             # Jitter spreads reconnecting clients out; it needs no cryptographic randomness.
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311
 

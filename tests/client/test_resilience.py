@@ -3,6 +3,8 @@ addresses, token expiry. Real processes, real kill -9."""
 
 from __future__ import annotations
 
+import gc
+import logging
 import subprocess
 import sys
 import threading
@@ -41,6 +43,36 @@ def test_relay_restart_loses_nothing_and_duplicates_nothing(ids: Any) -> None:
             assert got == [f"m{i}".encode() for i in range(10, 40)]
             assert chan_b.next_message(0.5) is None  # and nothing twice
             assert cb.link.reconnects >= 1 and ca.link.reconnects >= 1
+
+
+def test_relay_outage_logs_one_line_per_attempt(
+    ids: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the relay is down, each reconnect attempt is one warning line; sends that
+    were cut off leave no "Future exception was never retrieved" behind."""
+    caplog.set_level(logging.WARNING)
+    with LocalStack() as stack:
+        ca, chan_a, cb, chan_b = pair(stack, "acme/tests/outage", ids("a"), ids("b"))
+        with ca, cb:
+            chan_a.send(b"before")
+            stack.kill()
+            sent = threading.Thread(
+                target=lambda: [chan_a.send(f"m{i}".encode()) for i in range(20)]
+            )
+            sent.start()
+            time.sleep(2.0)
+            stack.restart()
+            sent.join(60)
+            assert take(chan_b, 21, timeout=30)[-1] == b"m19"
+            gc.collect()  # an unretrieved future reports when it is collected
+            time.sleep(0.2)
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    attempts = [r for r in caplog.records if "reconnecting (attempt" in r.getMessage()]
+    assert attempts, "each failed attempt is logged"
+    for record in attempts:
+        assert record.name == "svc_sdk.relay" and record.exc_info is None
+        assert "\n" not in record.getMessage()
+        assert "127.0.0.1" in record.getMessage()
 
 
 def test_token_is_renewed_before_it_expires(ids: Any) -> None:
