@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).parents[1] / "docs" / "reference.md"
+UNDOCUMENTED = "(undocumented)"  # a test fails while the reference contains this
 
 # What the reference covers, in reading order: the public API, then the adapters and
 # integrations people import by module.
@@ -41,7 +42,9 @@ SECTIONS: list[tuple[str, str, list[str] | None]] = [
 
 
 def _doc(obj: object) -> str:
-    return inspect.cleandoc(inspect.getdoc(obj) or "(undocumented)")
+    # The object's own docstring: inspect.getdoc would fall back to a base class's, which
+    # for a LangChain or pydantic subclass documents the framework, not svc.
+    return inspect.cleandoc(getattr(obj, "__doc__", None) or UNDOCUMENTED)
 
 
 def _signature(obj: object) -> str:
@@ -50,9 +53,12 @@ def _signature(obj: object) -> str:
         own = [n for n in getattr(obj, "__annotations__", {}) if not n.startswith("_")]
         return f"(*, {', '.join(own)}, ...)" if own else ""
     try:
-        text = str(inspect.signature(obj))  # type: ignore[arg-type]
+        signature = inspect.signature(obj)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return ""
+    # Private keyword parameters (a leading underscore) are plumbing, not API.
+    public = [p for p in signature.parameters.values() if not p.name.startswith("_")]
+    text = str(signature.replace(parameters=public))
     return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 
@@ -61,7 +67,7 @@ def _members(cls: type) -> list[tuple[str, object]]:
     for name, member in vars(cls).items():
         if name.startswith("_") and name not in ("__init__", "__call__"):
             continue
-        if isinstance(member, property) or (inspect.isfunction(member) and member.__doc__):
+        if isinstance(member, property) or inspect.isfunction(member):
             out.append((name, member))
     return out
 
@@ -104,6 +110,10 @@ def main() -> int:
     if parser.parse_args().check:
         if OUT.read_text() != text:
             print(f"{OUT} is out of date: run python scripts/gen_reference.py", file=sys.stderr)
+            return 1
+        missing = [line for line in text.splitlines() if UNDOCUMENTED in line]
+        if missing:
+            print("undocumented public API:\n" + "\n".join(missing), file=sys.stderr)
             return 1
         return 0
     OUT.write_text(text)

@@ -109,3 +109,55 @@ def test_api_reference_is_current() -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stderr
+
+
+def _requirements(extra: str) -> set[str]:
+    """Distribution names that ``svc-sdk[extra]`` installs directly, extras followed."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    names: set[str] = set()
+    for text in requires("svc-sdk") or []:
+        req = Requirement(text)
+        if req.marker is None:
+            names.add(req.name)
+        elif req.marker.evaluate({"extra": extra}):
+            if req.name == "svc-sdk":
+                for nested in req.extras:
+                    names |= _requirements(nested)
+            else:
+                names.add(req.name)
+    return names
+
+
+def test_notebooks_extra_installs_what_the_notebooks_import() -> None:
+    import ast
+    import json
+    from importlib.metadata import packages_distributions
+
+    wanted = _requirements("notebooks")
+    assert {"jupyterlab", "nbclient", "ipykernel"} <= wanted
+    owners = packages_distributions()
+    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        cells = json.loads(notebook.read_text())["cells"]
+        source = "\n".join(
+            "".join(c["source"]) for c in cells if c["cell_type"] == "code"
+        )
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                modules = [node.module]
+            else:
+                continue
+            for module in modules:
+                top = module.split(".")[0]
+                # The standard library, svc itself, and langchain_openai (used only when
+                # installed and an OpenAI key is set).
+                if top in sys.stdlib_module_names or top.startswith("svc_") or top == (
+                    "langchain_openai"
+                ):
+                    continue
+                dists = {d.lower() for d in owners.get(top, [])}
+                assert dists & wanted, f"{notebook.name} imports {top}, not in [notebooks]"

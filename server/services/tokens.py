@@ -1,4 +1,4 @@
-"""Exchanging an API key for a short-lived JWT (spec 2.2, 4.4)."""
+"""Exchanging an API key for a short-lived JWT (docs/api.md, Tokens)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Envelopes (spec 2.5, 4.7): a payload tagged with the protocol it speaks, so agents of
+"""Envelopes (docs/client.md, Envelopes): a payload tagged with the protocol it speaks, so agents of
 different frameworks can share a channel.
 
 Wire format, byte for byte what deployed agents exchange: a 4-byte little-endian header

@@ -1,4 +1,4 @@
-"""The library's exceptions (spec 7.2). Every failure is a RuntimeError whose message
+"""The library's exceptions (docs/client.md, Errors). Every failure is a RuntimeError whose message
 starts with a prefix naming the subsystem; the subclasses let callers catch one kind.
 
 >>> try:

@@ -1,4 +1,4 @@
-"""SvcClient and Channel (spec 4.5) against a real local stack: API, relay, MLS."""
+"""SvcClient and Channel against a real local stack: API, relay, MLS."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Envelope wire format (spec 2.5, 4.7): byte for byte, and strict parsing."""
+"""Envelope wire format byte for byte, and strict parsing."""
 
 from __future__ import annotations
 

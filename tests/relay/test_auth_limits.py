@@ -110,7 +110,7 @@ async def test_token_of_a_revoked_key_stays_valid_until_exp(stack: Stack, accoun
         await http.delete(
             f"/v1/keys/{original}", headers={"Authorization": f"Bearer {spare['key']}"}
         )
-    assert await open_status(stack, token) == grpc.StatusCode.OK  # spec 3.1
+    assert await open_status(stack, token) == grpc.StatusCode.OK  # valid until it expires
 
 
 async def test_stream_closes_when_token_expires_and_refresh_extends(

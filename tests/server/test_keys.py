@@ -1,4 +1,4 @@
-"""POST/GET/DELETE /v1/keys (spec 3.1, 4.1-4.3, 7.1), through real HTTP."""
+"""POST/GET/DELETE /v1/keys through real HTTP."""
 
 from __future__ import annotations
 

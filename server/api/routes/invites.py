@@ -1,4 +1,4 @@
-"""Channel invites (spec 4.6 invite / join_with_token): create a token, redeem it with
+"""Channel invites (the manager's invite / join_with_token, docs/api.md): create a token, redeem it with
 a key package."""
 
 from __future__ import annotations

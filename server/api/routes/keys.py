@@ -1,4 +1,4 @@
-"""API keys of the caller's account (spec 4.1-4.3)."""
+"""API keys of the caller's account (docs/api.md, API keys)."""
 
 from __future__ import annotations
 

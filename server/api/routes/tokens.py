@@ -1,4 +1,4 @@
-"""Exchanging an API key for a relay JWT (spec 4.4)."""
+"""Exchanging an API key for a relay JWT (docs/api.md, Tokens)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Protocol adapters (spec 4.8): A2A, MCP and SLIM over encrypted channels, and the
+"""Protocol adapters (docs/protocols.md): A2A, MCP and SLIM over encrypted channels, and the
 bridge that translates between them. Each adapter reads only its own protocol's
 envelopes from a channel and leaves the others for their readers.
 

@@ -1,4 +1,4 @@
-"""``ProtocolBridge`` (spec 4.8): forwards one protocol's messages from one channel to
+"""``ProtocolBridge`` (docs/protocols.md): forwards one protocol's messages from one channel to
 another, translated (the mapping is in :mod:`svc_sdk.adapters.content` and
 docs/protocols.md).
 

@@ -1,7 +1,7 @@
 """What the adapters carry, and how it maps between A2A, SLIM and MCP (docs/protocols.md).
 
 Every protocol's message is read into one neutral :class:`Content`: a list of *parts*
-in the spec's dict form (``{"type": "text", "text": ...}``, ``{"type": "data", "data":
+in the documented dict form (``{"type": "text", "text": ...}``, ``{"type": "data", "data":
 ...}``, ``{"type": "file", "file": {...}}``) plus ``meta``, the protocol-specific fields
 that have no place in the others (an A2A messageId, an MCP request id, SLIM metadata),
 kept under the protocol's name so that the way back can restore them. Translating is

@@ -1,4 +1,4 @@
-"""SLIM-style publish/subscribe over encrypted channels (spec 4.8).
+"""SLIM-style publish/subscribe over encrypted channels (docs/protocols.md, SLIM).
 
 >>> slim = SLIMAdapter(manager)                                  # doctest: +SKIP
 >>> slim.publish("acme/telemetry/gpu", b'{"util": 0.93}', content_type="application/json")
