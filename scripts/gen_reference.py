@@ -67,6 +67,8 @@ def _members(cls: type) -> list[tuple[str, object]]:
     for name, member in vars(cls).items():
         if name.startswith("_") and name not in ("__init__", "__call__"):
             continue
+        if name.startswith("_") and not getattr(member, "__doc__", None):
+            continue  # an undocumented constructor: the class heading has its signature
         if isinstance(member, property) or inspect.isfunction(member):
             out.append((name, member))
     return out

@@ -135,6 +135,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "--redis-url", default=None, help="shared log for several relays (SVC_REDIS_URL)"
     )
     p.add_argument("--api-url", default=None, help="account API for the JWKS (SVC_API_URL)")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus /metrics port; 0 turns it off")
+    p.add_argument(
+        "--metrics-port", type=int, default=0, help="Prometheus /metrics port; 0 turns it off"
+    )
     _tls_arguments(p)
     p.set_defaults(func=run_relay)

@@ -141,9 +141,7 @@ def test_notebooks_extra_installs_what_the_notebooks_import() -> None:
     owners = packages_distributions()
     for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
         cells = json.loads(notebook.read_text())["cells"]
-        source = "\n".join(
-            "".join(c["source"]) for c in cells if c["cell_type"] == "code"
-        )
+        source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
         for node in ast.walk(ast.parse(source)):
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
@@ -155,9 +153,8 @@ def test_notebooks_extra_installs_what_the_notebooks_import() -> None:
                 top = module.split(".")[0]
                 # The standard library, svc itself, and langchain_openai (used only when
                 # installed and an OpenAI key is set).
-                if top in sys.stdlib_module_names or top.startswith("svc_") or top == (
-                    "langchain_openai"
-                ):
+                optional = top == "langchain_openai"
+                if top in sys.stdlib_module_names or top.startswith("svc_") or optional:
                     continue
                 dists = {d.lower() for d in owners.get(top, [])}
                 assert dists & wanted, f"{notebook.name} imports {top}, not in [notebooks]"

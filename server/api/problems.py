@@ -100,13 +100,16 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
         where, path = (loc[0], loc[1:]) if loc else ("body", [])
         entry: dict[str, Any] = {
             "field": ".".join(path) or where,
-            "detail": str(err.get("msg", "invalid value")),
+            # pydantic prefixes a validator's own message with "Value error, ".
+            "detail": str(err.get("msg", "invalid value")).removeprefix("Value error, "),
             "loc": loc,
             "msg": err.get("msg"),
             "type": err.get("type"),
         }
         if where == "body":
-            entry["pointer"] = "#/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in path)
+            entry["pointer"] = "#/" + "/".join(
+                p.replace("~", "~0").replace("/", "~1") for p in path
+            )
         errors.append(entry)
     return errors
 

@@ -142,9 +142,7 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("signup", help="create an account; writes the API key to ~/.svc/api-key")
     p.add_argument("email", help="the account's email address")
     p.add_argument("--name", default=None, help="a display name for the account")
-    p.add_argument(
-        "--force", action="store_true", help="replace an existing ~/.svc/api-key"
-    )
+    p.add_argument("--force", action="store_true", help="replace an existing ~/.svc/api-key")
     json_flag(p)
     p.set_defaults(func=signup)
 

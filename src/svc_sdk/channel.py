@@ -142,12 +142,12 @@ class Channel:
 
     # -- what the relay link calls (its thread; must not block) -------------------------
 
-    def deliver(self, items: list[pb.Delivery]) -> None:
+    def _deliver(self, items: list[pb.Delivery]) -> None:
         with self._cond:
             self._raw.extend(items)
             self._cond.notify_all()
 
-    def failed(self, error: SvcError) -> None:
+    def _failed(self, error: SvcError) -> None:
         log.warning("channel %s: %s", self.name, error)
         self._close(error)
 
@@ -319,14 +319,14 @@ class Channel:
         plain.extendleft(reversed(kept))
         return taken
 
-    def wait_for_deliveries(self, timeout: float) -> bool:
+    def _wait_for_deliveries(self, timeout: float) -> bool:
         """Waits up to ``timeout`` for unprocessed deliveries (for listener threads)."""
         with self._cond:
             if not self._raw and self._closed is None:
                 self._cond.wait(timeout)
             return bool(self._raw)
 
-    def pending(self) -> int:
+    def _pending_count(self) -> int:
         """Decrypted messages waiting to be read."""
         with self._cond:
             return len(self._plain)
@@ -391,7 +391,7 @@ class Channel:
         self._do_pending_work()
         return handed
 
-    def process_pending(self) -> None:
+    def _process_pending(self) -> None:
         """Processes everything the relay delivered so far (commits, messages, join
         requests). Reading and sending do this by themselves."""
         with self._lock:
@@ -539,7 +539,7 @@ class Channel:
             with self._cond:
                 if not self._raw:
                     self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-            self.process_pending()
+            self._process_pending()
         if self._closed is None:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from svc_sdk import __version__, account_cli
 
@@ -60,11 +60,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="svc", description="End-to-end encrypted messaging for software agents."
-    )
+    parser = _Parser(prog="svc", description="End-to-end encrypted messaging for software agents.")
     parser.add_argument("--version", action="version", version=f"svc {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Every subcommand parser is a _Parser; the helpers that add them take the base type.
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(dest="command", required=True, metavar="COMMAND"),
+    )
     demo = sub.add_parser("demo", help="two agents exchange encrypted messages")
     demo.add_argument("--rounds", type=_positive, default=3, help="message round trips")
     demo.set_defaults(func=_demo)

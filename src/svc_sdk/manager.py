@@ -17,8 +17,8 @@ import threading
 import time
 
 from svc_sdk import credentials
-from svc_sdk.channel import Accept, Channel, Message
 from svc_sdk.api_client import ApiClient
+from svc_sdk.channel import Accept, Channel, Message
 from svc_sdk.client import NO_API_KEY, SvcClient, parse_endpoints
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import AuthError, ChannelClosedError
@@ -46,10 +46,11 @@ class SvcChannelManager:
     """Channels by name, for code that wants plain calls rather than iterators.
 
     Every argument but ``identity`` has a default from the environment:
-    ``endpoint`` from ``SVC_RELAY`` (else ``http://127.0.0.1:50051``), ``data_dir`` from
-    ``SVC_DATA_DIR`` (else ``/tmp/svc-<hex>``, see :func:`default_data_dir`), ``api_key`` from ``SVC_API_KEY``
-    (else the file ``svc signup`` wrote), ``api_url`` from ``SVC_API_URL`` (else
-    ``http://127.0.0.1:8000``) — the addresses ``svc up`` listens on.
+    ``endpoint`` from ``SVC_RELAY`` (else ``http://127.0.0.1:50051``), ``data_dir``
+    from ``SVC_DATA_DIR`` (else ``/tmp/svc-<hex>``, see :func:`default_data_dir`),
+    ``api_key`` from ``SVC_API_KEY`` (else the file ``svc signup`` wrote), ``api_url``
+    from ``SVC_API_URL`` (else ``http://127.0.0.1:8000``) — the addresses ``svc up``
+    listens on.
     """
 
     def __init__(
@@ -105,8 +106,8 @@ class SvcChannelManager:
     def _run_listener(self, channel: Channel) -> None:
         while not self._stop.is_set() and not channel.closed:
             try:
-                channel.wait_for_deliveries(STOP_POLL)
-                channel.process_pending()
+                channel._wait_for_deliveries(STOP_POLL)
+                channel._process_pending()
                 channel.flush(if_due=True)  # what readers took, recorded while idle
             except ChannelClosedError:
                 break

@@ -51,9 +51,9 @@ OPTIONS = [
 class Sink(Protocol):
     """Where a channel's deliveries go. Called on the link's thread; must not block."""
 
-    def deliver(self, items: list[pb.Delivery]) -> None: ...
+    def _deliver(self, items: list[pb.Delivery]) -> None: ...
 
-    def failed(self, error: SvcError) -> None: ...
+    def _failed(self, error: SvcError) -> None: ...
 
 
 class TokenSource(Protocol):
@@ -461,9 +461,9 @@ class RelayLink:
             10.0,
         )
         if reply.code == OUT_OF_RANGE:
-            sub.sink.failed(TransportError(f"channel {channel!r}: {reply.message}"))
+            sub.sink._failed(TransportError(f"channel {channel!r}: {reply.message}"))
         elif reply.code != 0:
-            sub.sink.failed(TransportError(f"subscribing to {channel!r}: {reply.message}"))
+            sub.sink._failed(TransportError(f"subscribing to {channel!r}: {reply.message}"))
         sub.head = reply.head_seq
         sub.ready.set()
 
@@ -498,7 +498,7 @@ class RelayLink:
             for channel, items in by_channel.items():
                 sub = self._subs.get(channel)
                 if sub is not None:
-                    sub.sink.deliver(items)
+                    sub.sink._deliver(items)
         elif kind == "welcome":
             w = frame.welcome
             waiters = self._welcome_waiters.get(w.channel)

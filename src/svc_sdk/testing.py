@@ -59,6 +59,8 @@ class LocalStack:
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> LocalStack:
+        """Starts ``svc up`` on free ports with a fresh SQLite database in a temporary
+        directory, and signs up one account; returns self once both servers answer."""
         self._owned_dir = tempfile.mkdtemp(prefix="svc-stack-")
         self.data_dir = Path(self._owned_dir)
         try:
@@ -148,6 +150,8 @@ class LocalStack:
         return data
 
     def agent_dir(self, identity: bytes | str) -> Path:
+        """The data_dir ``manager`` gives ``identity``: inside the stack's temporary
+        directory, so ``stop`` removes it."""
         ident = identity.encode() if isinstance(identity, str) else identity
         return self.data_dir / "agents" / ident.hex()
 

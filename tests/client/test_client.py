@@ -130,7 +130,7 @@ def test_take_buffered_returns_what_is_decrypted_without_waiting(
         got: list[bytes] = []
         deadline = time.monotonic() + 10
         while len(got) < 3 and time.monotonic() < deadline:
-            chan_b.process_pending()  # decrypts into the buffer (and the inbox)
+            chan_b._process_pending()  # decrypts into the buffer (and the inbox)
             got += [m.data for m in chan_b.take_buffered()]
         assert got == [b"a", b"b", b"c"]
         assert chan_b.take_buffered() == []  # nothing left, and it does not wait for more
@@ -219,8 +219,8 @@ def test_leave_is_committed_by_another_member(
 
         def listen() -> None:  # a member must be online to commit the removal
             while not stop.is_set():
-                chan_a.wait_for_deliveries(0.1)
-                chan_a.process_pending()
+                chan_a._wait_for_deliveries(0.1)
+                chan_a._process_pending()
 
         listener = threading.Thread(target=listen)
         listener.start()

@@ -93,7 +93,7 @@ def test_receive_drains_and_receive_latest_keeps_the_newest(
     for i in range(3):
         alice.send(channel_name, f"n{i}")
     deadline = time.monotonic() + 10
-    while bob.client.channel(channel_name).pending() < 3 and time.monotonic() < deadline:
+    while bob.client.channel(channel_name)._pending_count() < 3 and time.monotonic() < deadline:
         time.sleep(0.01)  # the listener thread decrypts in the background
     assert bob.receive_latest(channel_name) == "n2"
     assert bob.receive_latest(channel_name, timeout=0.2) is None
@@ -200,7 +200,7 @@ def test_restart_knows_its_channels_and_gets_what_it_missed(
     assert bob.receive(channel_name, timeout=10) == ["before"]
     alice.send(channel_name, "unread at close")
     deadline = time.monotonic() + 10
-    while bob.client.channel(channel_name).pending() < 1 and time.monotonic() < deadline:
+    while bob.client.channel(channel_name)._pending_count() < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     bob.close()
     for i in range(3):

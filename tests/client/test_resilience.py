@@ -45,9 +45,7 @@ def test_relay_restart_loses_nothing_and_duplicates_nothing(ids: Any) -> None:
             assert cb.link.reconnects >= 1 and ca.link.reconnects >= 1
 
 
-def test_relay_outage_logs_one_line_per_attempt(
-    ids: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_relay_outage_logs_one_line_per_attempt(ids: Any, caplog: pytest.LogCaptureFixture) -> None:
     """While the relay is down, each reconnect attempt is one warning line; sends that
     were cut off leave no "Future exception was never retrieved" behind."""
     caplog.set_level(logging.WARNING)
@@ -245,9 +243,9 @@ def crash(*args):  # dies after decrypting, before the inbox write
 LocalState.advance = crash
 channel = SvcClient(relay, data_dir, identity.encode(), key, api).channel(name)
 print("ready", flush=True)
-assert channel.wait_for_deliveries(20)
+assert channel._wait_for_deliveries(20)
 time.sleep(0.3)  # both messages queued
-channel.process_pending()  # nobody reading: decrypt into the inbox
+channel._process_pending()  # nobody reading: decrypt into the inbox
 print("not reached", flush=True)
 """
 

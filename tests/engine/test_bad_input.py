@@ -186,7 +186,9 @@ def test_engine_arguments(tmp_path: Path) -> None:
         Engine(tmp_path / "a", b"alice", cipher_suite=2)
     (tmp_path / "file").write_text("not a directory")
     # Not an MLS failure: the folder is unusable as given.
-    with pytest.raises(InternalError, match="^runtime error: cannot use data_dir .* not a directory"):
+    with pytest.raises(
+        InternalError, match="^runtime error: cannot use data_dir .* not a directory"
+    ):
         Engine(tmp_path / "file", b"x")
     with pytest.raises(TypeError):
         Engine(tmp_path / "d", "a str is not bytes")  # type: ignore[arg-type]

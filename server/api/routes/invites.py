@@ -1,5 +1,5 @@
-"""Channel invites (the manager's invite / join_with_token, docs/api.md): create a token, redeem it with
-a key package."""
+"""Channel invites, behind the manager's invite / join_with_token (docs/api.md): create
+a token, redeem it with a key package."""
 
 from __future__ import annotations
 
