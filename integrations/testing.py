@@ -32,6 +32,17 @@ _ids = itertools.count()
 
 
 class ScriptedChatModel(BaseChatModel):
+    """A LangChain chat model that plays ``script`` instead of calling a provider.
+
+    ``script`` is a list of turns, one per model call: ``(tool_name, args)`` asks for a
+    tool call, a str is the final answer, and a callable gets the messages so far and
+    returns either (so a step can use what an earlier tool returned). The turn is chosen
+    by how many model turns the conversation already holds; once the script is used up
+    the model answers "done". Tools bound with ``bind_tools`` are accepted and ignored.
+
+    >>> model = ScriptedChatModel(script=[("svc_list_channels", {}), "no channels yet"])
+    """
+
     script: list[Any] = Field(default_factory=list)
     """Turns, in order (see the module docstring); once used up, the model says "done"."""
 
@@ -40,7 +51,8 @@ class ScriptedChatModel(BaseChatModel):
         return "svc-scripted"
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:
-        return self  # the script decides which tools it calls
+        """Returns the model unchanged: the script, not the tools, decides each call."""
+        return self
 
     def _generate(
         self,

@@ -59,7 +59,10 @@ for _ in $(seq 100); do
     grep -q '^ready' "$work/up.log" && break
     sleep 0.2
 done
-.venv/bin/svc signup ada@example.com >/dev/null
+if ! .venv/bin/svc signup ada@example.com >"$work/signup.log" 2>&1; then
+    cat "$work/up.log" "$work/signup.log" >&2
+    exit 1
+fi
 if ! out=$(timeout 300 .venv/bin/python - <<<"$example" 2>&1); then
     echo "$out" >&2
     echo "the README's Python example failed from a fresh clone" >&2
