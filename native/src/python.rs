@@ -7,7 +7,7 @@ use std::sync::Arc;
 use pyo3::create_exception;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyType};
 
 use crate::engine::{Engine, DEFAULT_CIPHER_SUITE};
 use crate::error::EngineError;
@@ -24,14 +24,16 @@ fn to_py(e: EngineError) -> PyErr {
     match e {
         // Not an MLS failure: the agent's directory is unusable as given, which the library
         // reports as `runtime error: ` (svc_sdk.errors.InternalError).
-        EngineError::DataDir { .. } | EngineError::DataDirInUse { .. } => {
-            Python::with_gil(
-                |py| match py.import("svc_sdk.errors").and_then(|m| m.getattr("InternalError")) {
-                    Ok(cls) => PyErr::from_type(cls.downcast_into().expect("InternalError is a type"), e.to_string()),
-                    Err(err) => err,
-                },
-            )
-        }
+        EngineError::DataDir { .. } | EngineError::DataDirInUse { .. } => Python::with_gil(|py| {
+            let class = py
+                .import("svc_sdk.errors")
+                .and_then(|m| m.getattr("InternalError"))
+                .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
+            match class {
+                Ok(class) => PyErr::from_type(class, e.to_string()),
+                Err(err) => err,
+            }
+        }),
         _ => MlsError::new_err(format!("MLS engine error: {e}")),
     }
 }
