@@ -37,6 +37,11 @@ SECTIONS: list[tuple[str, str, list[str] | None]] = [
     ("svc_integrations.langchain", "LangChain toolkit", ["SvcToolkit", "SvcTool"]),
     ("svc_integrations.mcp_server", "MCP tool server (svc mcp)", ["build_server", "main"]),
     ("svc_integrations.a2a_agent", "A2A agent", ["SvcA2AAgent"]),
+    (
+        "svc_integrations.a2a_echo",
+        "A2A echo agent (svc-a2a-echo)",
+        ["EchoExecutor", "echo_card", "main"],
+    ),
     ("svc_integrations.testing", "Scripted chat model", ["ScriptedChatModel"]),
 ]
 

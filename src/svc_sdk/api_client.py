@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from svc_sdk import credentials
-from svc_sdk.errors import AuthError, InternalError, InviteError, TransportError
+from svc_sdk.errors import AuthError, InternalError, InviteError, InviteReason, TransportError
 
 # Refresh when this share of the token's lifetime has passed (exchange again
 # before it expires, so a stream never sees an expired token).
@@ -123,11 +123,31 @@ def _detail(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}"
 
 
+# The account API's problem types for invites (server/api/routes/invites.py).
+_INVITE_REASONS: dict[str, InviteReason] = {
+    "urn:svc:problem:invite-not-found": "invalid",
+    "urn:svc:problem:invite-expired": "expired",
+    "urn:svc:problem:invite-used-up": "used-up",
+}
+
+
+def _invite_reason(response: httpx.Response) -> InviteReason:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    kind = body.get("type") if isinstance(body, dict) else None
+    if isinstance(kind, str) and kind in _INVITE_REASONS:
+        return _INVITE_REASONS[kind]
+    # 410 Gone: the invite existed; which way it ran out is unknown without the type.
+    return "expired" if response.status_code == 410 else "invalid"
+
+
 def _error(response: httpx.Response) -> Exception:
     detail = _detail(response)
     # The API's only 404 and 410 answers to this client are about invites.
     if response.status_code in (404, 410):
-        return InviteError(detail)
+        return InviteError(detail, _invite_reason(response))
     if response.status_code >= 500:
         return TransportError(f"account API {response.status_code}: {detail}")
     return InternalError(f"account API {response.status_code}: {detail}")

@@ -253,7 +253,8 @@ class SvcClient:
     def join_with_token(self, channel: str, token: str, timeout: float = 60.0) -> Channel:
         """Joins ``channel`` with an invite token: the key package goes to the API server
         with the token, an online member adds this agent, and the Welcome comes back over
-        the relay. InviteError for a bad, expired or used-up token or a timeout."""
+        the relay. InviteError for a bad, expired or used-up token or a timeout (its
+        ``reason`` says which)."""
         check_channel_name(channel)
         self._check_open()
         if not isinstance(token, str) or not token.startswith("svc_inv_"):
@@ -271,7 +272,8 @@ class SvcClient:
             if remaining <= 0:
                 raise InviteError(
                     f"no member of channel {channel!r} added this agent within {timeout:g} s; "
-                    "a member must be online (the request stays valid while the invite is)"
+                    "a member must be online (the request stays valid while the invite is)",
+                    "timeout",
                 )
             try:
                 welcome = self.wait(

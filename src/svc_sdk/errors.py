@@ -10,7 +10,7 @@ invalid channel name: 'acme'; expected org/namespace/service
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from svc_sdk._native import MlsError
 
@@ -65,10 +65,22 @@ class ChannelNameError(SvcError):
         self.name = name
 
 
+#: Why an invite did not work, in ``InviteError.reason``.
+InviteReason = Literal["invalid", "expired", "used-up", "timeout"]
+
+
 class InviteError(SvcError):
-    """An invite token that is invalid, expired or used up, or a join that timed out."""
+    """An invite token that is invalid, expired or used up, or a join that timed out.
+
+    ``reason`` says which: ``"invalid"`` (malformed, unknown, or for another channel),
+    ``"expired"``, ``"used-up"``, or ``"timeout"`` (the token was accepted but no member
+    of the channel added this agent in time)."""
 
     prefix = "runtime error: "
+
+    def __init__(self, detail: str, reason: InviteReason = "invalid") -> None:
+        super().__init__(detail)
+        self.reason: InviteReason = reason
 
 
 class AccessError(SvcError):

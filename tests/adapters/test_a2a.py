@@ -17,6 +17,7 @@ from a2a.server.tasks import InMemoryTaskStore
 from a2a.types import (
     AgentCapabilities,
     AgentCard,
+    AgentInterface,
     DeleteTaskPushNotificationConfigRequest,
     GetTaskRequest,
     Message,
@@ -104,6 +105,29 @@ def test_agent_card_carries_the_extension(stack: LocalStack, ids: Callable[[str]
     again = with_svc_extension(card, adapter)  # replaces, never duplicates
     assert len(again.capabilities.extensions) == 1
     assert [i.url for i in again.supported_interfaces] == ["svc:"]
+
+
+def test_svc_interface_comes_before_the_cards_own(
+    stack: LocalStack, ids: Callable[[str], str]
+) -> None:
+    adapter = SvcA2AAdapter(stack.manager(ids("agent")), "travel-agent")
+    http = [
+        AgentInterface(url="http://a.example/", protocol_binding="JSONRPC"),
+        AgentInterface(url="http://a.example/v1", protocol_binding="HTTP+JSON"),
+    ]
+    card = with_svc_extension(AgentCard(name="travel", supported_interfaces=http), adapter)
+    assert [(i.protocol_binding, i.url) for i in card.supported_interfaces] == [
+        ("SVC", "svc:"),
+        ("JSONRPC", "http://a.example/"),
+        ("HTTP+JSON", "http://a.example/v1"),
+    ]
+    # Advertising again keeps that order instead of moving svc behind the others.
+    again = with_svc_extension(card, adapter, channel="org/a2a/x")
+    assert [i.protocol_binding for i in again.supported_interfaces] == [
+        "SVC",
+        "JSONRPC",
+        "HTTP+JSON",
+    ]
 
 
 class Echo(AgentExecutor):

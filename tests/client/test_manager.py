@@ -139,30 +139,40 @@ def test_max_uses_is_atomic(stack: LocalStack, channel_name: str, ids: Any) -> N
         "joined",
         "runtime error: invite token has no uses left",
     ]
+    refused = [r for r in results.values() if isinstance(r, InviteError)]
+    assert [r.reason for r in refused] == ["used-up"]
     assert len(alice.members(channel_name)) == 2
 
 
 def test_bad_tokens_and_timeouts(stack: LocalStack, channel_name: str, ids: Any) -> None:
     alice, bob = stack.manager(ids("alice")), stack.manager(ids("bob"))
     alice.create(channel_name)
-    with pytest.raises(InviteError, match="^runtime error: invite token is not valid"):
+    # ``reason`` tells the kinds apart without parsing messages.
+    with pytest.raises(InviteError, match="^runtime error: invite token is not valid") as bad:
         bob.join_with_token(channel_name, "svc_inv_" + "A" * 43)
-    with pytest.raises(InviteError, match="must be a string starting with svc_inv_"):
+    assert bad.value.reason == "invalid"
+    with pytest.raises(InviteError, match="must be a string starting with svc_inv_") as bad:
         bob.join_with_token(channel_name, "sk_live_nope")
+    assert bad.value.reason == "invalid"
     # A token for one channel does not open another.
     other = channel_name + "x"
     alice.create(other)
-    with pytest.raises(InviteError, match="not valid for this channel"):
+    with pytest.raises(InviteError, match="not valid for this channel") as bad:
         bob.join_with_token(channel_name, alice.invite(other))
+    assert bad.value.reason == "invalid"
     expiring = alice.invite(channel_name, ttl=1)
     time.sleep(1.2)
-    with pytest.raises(InviteError, match="expired"):
+    with pytest.raises(InviteError, match="expired") as bad:
         bob.join_with_token(channel_name, expiring)
+    assert bad.value.reason == "expired"
     # Nobody online to add bob: a clear timeout.
     token = alice.invite(channel_name)
     alice.close()
-    with pytest.raises(InviteError, match="no member of channel .* added this agent within 1 s"):
+    with pytest.raises(
+        InviteError, match="no member of channel .* added this agent within 1 s"
+    ) as late:
         bob.join_with_token(channel_name, token, timeout=1)
+    assert late.value.reason == "timeout"
     assert bob.list_channels() == []
 
 

@@ -136,7 +136,9 @@ def with_svc_extension(
     ``capabilities.extensions`` (replacing an earlier one), and an interface with
     protocol binding ``SVC`` and url ``svc:{channel}``, or ``svc:`` when each caller
     brings its own channel (what the A2A client transport of
-    :mod:`svc_sdk.adapters.a2a_rpc` connects to)."""
+    :mod:`svc_sdk.adapters.a2a_rpc` connects to). The SVC interface comes first, the
+    card's other interfaces (JSON-RPC, ...) after it in their order: a client that
+    has the svc transport prefers it, one without falls back to the next it knows."""
     types = require("a2a.types", "a2a", "with_svc_extension")
     if channel is not None and not is_valid_channel_name(channel):
         raise ValueError(f"invalid channel name: {channel!r}")
@@ -146,14 +148,15 @@ def with_svc_extension(
     del out.capabilities.extensions[:]
     out.capabilities.extensions.extend(kept)
     out.capabilities.extensions.append(types.AgentExtension(**adapter.agent_card_extension()))
-    interfaces = [i for i in out.supported_interfaces if i.protocol_binding != PROTOCOL_BINDING]
+    others = [i for i in out.supported_interfaces if i.protocol_binding != PROTOCOL_BINDING]
     del out.supported_interfaces[:]
-    out.supported_interfaces.extend(interfaces)
+    # A2A clients take the first interface in the card's order that they support.
     out.supported_interfaces.append(
         types.AgentInterface(
             url=f"svc:{channel or ''}", protocol_binding=PROTOCOL_BINDING, protocol_version="1.0"
         )
     )
+    out.supported_interfaces.extend(others)
     return out  # type: ignore[no-any-return]
 
 
