@@ -67,6 +67,15 @@ def _signature(obj: object) -> str:
     return re.sub(r" at 0x[0-9a-f]+", "", text)
 
 
+def _overridden(cls: type, name: str) -> str | None:
+    """For a method without a docstring of its own that implements a framework's
+    interface: which base method, named rather than its docstring copied."""
+    for base in cls.__mro__[1:]:
+        if name in vars(base) and not base.__module__.startswith(("svc_", "builtins")):
+            return f"Implements `{base.__module__}.{base.__qualname__}.{name}`."
+    return None
+
+
 def _members(cls: type) -> list[tuple[str, object]]:
     out = []
     for name, member in vars(cls).items():
@@ -102,7 +111,9 @@ def render() -> str:
                         lines += [f"- **`{member_name}`** (property): {_doc(member)}"]
                     else:
                         sig = _signature(member).replace("(self, ", "(").replace("(self)", "()")
-                        doc = _doc(member).replace("\n", "\n  ")
+                        own = getattr(member, "__doc__", None)
+                        doc = _doc(member) if own else _overridden(obj, member_name) or _doc(member)
+                        doc = doc.replace("\n", "\n  ")
                         lines += [f"- **`{member_name}{sig}`**: {doc}"]
                 lines.append("")
             elif callable(obj):
