@@ -49,8 +49,8 @@ CALL_WAIT = 30.0
 
 
 class Connection:
-    """The manager the tools act through, made by ``connect`` in a background thread and
-    made again, with backoff, until it succeeds: after a transport error in 1, 2, 4, 8,
+    """The manager the tools act through, made by ``connect`` in a background thread,
+    which tries again with backoff until it succeeds: after a transport error in 1, 2, 4, 8,
     then every ``retry_cap`` seconds; after any other error (a refused key, a data
     directory of another identity), which waiting rarely cures, every ``slow_retry``."""
 
@@ -72,6 +72,7 @@ class Connection:
         self._thread = threading.Thread(target=self._run, name="svc-mcp-connect", daemon=True)
 
     def start(self) -> Connection:
+        """Starts connecting in the background; returns the Connection."""
         self._trying = True  # before the thread runs: a first call waits for its attempt
         self._thread.start()
         return self
@@ -86,6 +87,7 @@ class Connection:
             raise OperationError(self._error)
 
     def close(self) -> None:
+        """Stops trying, and closes the manager if there is one."""
         with self._cond:
             self._closed = True
             manager, self._manager = self._manager, None

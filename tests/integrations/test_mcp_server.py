@@ -174,9 +174,17 @@ async def test_a_refused_key_is_reported_on_every_call(
                 # Arguments are checked first: what the model got wrong, it can fix now.
                 bad = await alice.call_tool("svc_send", {"channel": "acme/x/y"})
                 assert text(bad) == "invalid arguments: message: Field required"
+                # A refused key is retried every minute, not on the fast schedule of
+                # transport errors (which would have made attempts 2 and 3 by now).
+                await anyio.sleep(3.5)
+                bad = await alice.call_tool("svc_list_channels", {})
+                assert text(bad).startswith("auth error: API key rejected")
         errlog.seek(0)
         logged = errlog.read()
-    assert re.search(r"^svc mcp: auth error: API key rejected by .*\(attempt 1; ", logged, re.M)
+    attempts = re.findall(
+        r"^svc mcp: auth error: API key rejected by .*\(attempt (\d+); ", logged, re.M
+    )
+    assert attempts == ["1"]
 
 
 async def test_an_unreachable_api_is_reported_then_recovered(

@@ -16,7 +16,6 @@ channel: each frame carries its session's id (:mod:`svc_sdk.adapters._mcp_sessio
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -31,8 +30,6 @@ from svc_sdk.adapters.content import MCP_TYPE, decode_jsonrpc
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError, SvcError
 from svc_sdk.manager import SvcChannelManager
-
-log = logging.getLogger("svc_sdk.mcp")
 
 
 class SvcTransport:
@@ -148,8 +145,6 @@ async def serve_mcp(server: Any, manager: SvcChannelManager, channel: str) -> No
                 await lowlevel.run(
                     read_stream, write_stream, lowlevel.create_initialization_options()
                 )
-        except SvcError as exc:  # one session's failure (a send that failed) ends only it
-            log.warning("MCP session %s on %s ended: %s", session, channel, exc)
         finally:
             hub.finish(session)
 
