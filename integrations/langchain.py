@@ -25,7 +25,7 @@ require("langchain_core", "langchain", "SvcToolkit")
 
 from langchain_core.tools import BaseTool, BaseToolkit, ToolException  # noqa: E402
 
-from .operations import OPERATIONS, Operation, OperationError  # noqa: E402
+from .operations import OPERATIONS, Operation, OperationError, describe  # noqa: E402
 
 
 class SvcTool(BaseTool):
@@ -36,7 +36,9 @@ class SvcTool(BaseTool):
     manager: SvcChannelManager
     operation: Operation
     handle_tool_error: bool = True
-    handle_validation_error: Any = Field(default=lambda exc: f"invalid arguments: {exc}")
+    # One line naming each wrong argument, as the MCP tools answer (LangChain validates
+    # the arguments itself, before _run).
+    handle_validation_error: Any = Field(default=lambda exc: f"invalid arguments: {describe(exc)}")
 
     def _call(self, arguments: dict[str, Any]) -> str:
         try:

@@ -1,5 +1,6 @@
 """The operations every integration exposes, defined once: name, description, argument
-schema (pydantic, with descriptions a model can follow) and what they do. The LangChain
+schema (pydantic, with descriptions a model can follow), what they do to the world
+(:class:`Hints`), the schema of a structured result, and what they do. The LangChain
 tools and the MCP tool server are both generated from :data:`OPERATIONS`, so their
 names and arguments cannot drift apart.
 """
@@ -57,6 +58,33 @@ class NoArgs(_Args):
     pass
 
 
+# -- structured results ------------------------------------------------------------------
+
+
+class ReceivedMessage(BaseModel):
+    sender: str = Field(alias="from", description="The sender's identity, authenticated by MLS.")
+    message: str = Field(description="The text; base64: and the bytes when not UTF-8.")
+
+
+class Messages(BaseModel):
+    messages: list[ReceivedMessage] = Field(description="Oldest first.")
+
+
+class Channels(BaseModel):
+    channels: list[str] = Field(description="Names of the channels this agent is in.")
+
+
+class ReceivedEnvelope(BaseModel):
+    protocol: Literal["raw", "a2a", "mcp", "slim"]
+    content_type: str
+    message: str = Field(description="The payload; base64: and the bytes when not UTF-8.")
+    metadata: dict[str, Any] | None
+
+
+class Envelopes(BaseModel):
+    envelopes: list[ReceivedEnvelope] = Field(description="Oldest first.")
+
+
 class SendEnvelopeArgs(ChannelArgs):
     protocol: Literal["raw", "a2a", "mcp", "slim"] = Field(
         "raw", description="Protocol tag of the envelope."
@@ -66,54 +94,59 @@ class SendEnvelopeArgs(ChannelArgs):
     metadata: dict[str, Any] | None = Field(None, description="Optional key-value metadata.")
 
 
-def _create(m: SvcChannelManager, a: ChannelArgs) -> str:
+def _create(m: SvcChannelManager, a: ChannelArgs) -> Reply:
     m.create(a.channel)
-    return f"created channel {a.channel}"
+    return Reply(f"created channel {a.channel}")
 
 
-def _invite(m: SvcChannelManager, a: InviteArgs) -> str:
-    return m.invite(a.channel, a.max_uses, a.ttl)
+def _invite(m: SvcChannelManager, a: InviteArgs) -> Reply:
+    return Reply(m.invite(a.channel, a.max_uses, a.ttl))
 
 
-def _join(m: SvcChannelManager, a: JoinArgs) -> str:
+def _join(m: SvcChannelManager, a: JoinArgs) -> Reply:
+    # The library returns at once for a channel the agent is in, without looking at the
+    # token; saying "joined" then would confirm a token that may be bogus.
+    if a.channel in m.list_channels():
+        raise OperationError(f"already in channel {a.channel!r}; the invite token was not used")
     m.join_with_token(a.channel, a.token, a.timeout)
-    return f"joined channel {a.channel}"
+    return Reply(f"joined channel {a.channel}")
 
 
-def _send(m: SvcChannelManager, a: SendArgs) -> str:
+def _send(m: SvcChannelManager, a: SendArgs) -> Reply:
     m.send(a.channel, a.message)
-    return f"sent to {a.channel}"
+    return Reply(f"sent to {a.channel}")
 
 
-def _receive(m: SvcChannelManager, a: ReceiveArgs) -> str:
-    messages = m.receive_messages(a.channel, a.timeout)
-    return json.dumps(
-        [{"from": x.sender.decode(errors="replace"), "message": _text(x.data)} for x in messages]
-    )
+def _receive(m: SvcChannelManager, a: ReceiveArgs) -> Reply:
+    received = [
+        {"from": x.sender.decode(errors="replace"), "message": _text(x.data)}
+        for x in m.receive_messages(a.channel, a.timeout)
+    ]
+    return Reply(json.dumps(received), Messages.model_validate({"messages": received}))
 
 
-def _list(m: SvcChannelManager, a: NoArgs) -> str:
-    return json.dumps(m.list_channels())
+def _list(m: SvcChannelManager, a: NoArgs) -> Reply:
+    channels = m.list_channels()
+    return Reply(json.dumps(channels), Channels(channels=channels))
 
 
-def _send_envelope(m: SvcChannelManager, a: SendEnvelopeArgs) -> str:
+def _send_envelope(m: SvcChannelManager, a: SendEnvelopeArgs) -> Reply:
     envelope = Envelope(Protocol(a.protocol), a.content_type, a.message.encode(), a.metadata)
     m.send_envelope(a.channel, envelope)
-    return f"sent a {a.protocol} envelope to {a.channel}"
+    return Reply(f"sent an envelope ({a.protocol}, {a.content_type}) to {a.channel}")
 
 
-def _receive_envelopes(m: SvcChannelManager, a: ReceiveArgs) -> str:
-    return json.dumps(
-        [
-            {
-                "protocol": e.protocol.value,
-                "content_type": e.content_type,
-                "message": _text(e.payload),
-                "metadata": e.metadata,
-            }
-            for e in m.receive_envelopes(a.channel, a.timeout)
-        ]
-    )
+def _receive_envelopes(m: SvcChannelManager, a: ReceiveArgs) -> Reply:
+    received = [
+        {
+            "protocol": e.protocol.value,
+            "content_type": e.content_type,
+            "message": _text(e.payload),
+            "metadata": e.metadata,
+        }
+        for e in m.receive_envelopes(a.channel, a.timeout)
+    ]
+    return Reply(json.dumps(received), Envelopes.model_validate({"envelopes": received}))
 
 
 def _text(data: bytes) -> str:
@@ -128,23 +161,78 @@ class OperationError(Exception):
 
 
 @dataclass(frozen=True)
+class Reply:
+    """What an operation returns: the text a model reads and, for operations with an
+    ``output`` model, the same result as that model (MCP's structured content)."""
+
+    text: str
+    data: BaseModel | None = None
+
+
+@dataclass(frozen=True)
+class Hints:
+    """What an operation does to the world, for hosts deciding what to run unasked (MCP
+    tool annotations). Receiving is not read-only: it takes the messages off the agent's
+    inbox, so a second call does not return them again; nor destructive, since what it
+    takes is in its result."""
+
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    open_world: bool = True  # other agents, through the relay
+
+
+@dataclass(frozen=True)
 class Operation:
     name: str
     description: str
     args: type[_Args]
-    run: Callable[[SvcChannelManager, Any], str]
+    run: Callable[[SvcChannelManager, Any], Reply]
+    hints: Hints
+    output: type[BaseModel] | None = None
 
     def __call__(self, manager: SvcChannelManager, arguments: dict[str, Any]) -> str:
+        """The text of :meth:`reply`."""
+        return self.reply(manager, arguments).text
+
+    def parse(self, arguments: dict[str, Any]) -> _Args:
+        """The arguments, validated; OperationError naming each wrong one."""
+        try:
+            return self.args.model_validate(arguments)
+        except ValidationError as exc:
+            raise OperationError(f"invalid arguments: {describe(exc)}") from exc
+
+    def reply(self, manager: SvcChannelManager, arguments: dict[str, Any]) -> Reply:
         """Validates ``arguments`` and runs. Whatever the caller got wrong (arguments, a
         channel name, an invite token, ...) raises OperationError with the message to
         show the model; anything else is a fault and propagates."""
+        parsed = self.parse(arguments)
         try:
-            return self.run(manager, self.args.model_validate(arguments))
-        except ValidationError as exc:
-            raise OperationError(f"invalid arguments: {exc}") from exc
+            return self.run(manager, parsed)
         except (RuntimeError, ValueError, TypeError) as exc:
             # RuntimeError covers the library's errors (SvcError) and MlsError.
             raise OperationError(str(exc)) from exc
+
+
+def describe(exc: Exception) -> str:
+    """A validation error on one line, as a model reads it best: each wrong argument and
+    what is wrong with it, without pydantic's headers and documentation links."""
+    if not isinstance(exc, ValidationError):
+        return " ".join(str(exc).split())
+    problems = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "arguments"
+        what = str(error["msg"])
+        if error["type"] not in ("missing", "extra_forbidden"):
+            given = repr(error["input"])
+            what += f" (got {given[:60] + '...' if len(given) > 60 else given})"
+        problems.append(" ".join(f"{where}: {what}".split()))
+    return "; ".join(problems)
+
+
+_ADDS = Hints()  # adds to the world (a channel, a message, a token), nothing removed
+_ADDS_ONCE = Hints(idempotent=True)  # the same call again changes nothing more
+_TAKES = Hints()  # takes messages off the inbox (see Hints)
 
 
 OPERATIONS = [
@@ -153,6 +241,7 @@ OPERATIONS = [
         "Create an end-to-end encrypted channel; this agent becomes its first member.",
         ChannelArgs,
         _create,
+        _ADDS_ONCE,
     ),
     Operation(
         "svc_invite",
@@ -160,18 +249,21 @@ OPERATIONS = [
         "another agent so it can join with svc_join.",
         InviteArgs,
         _invite,
+        _ADDS,
     ),
     Operation(
         "svc_join",
         "Join a channel with an invite token another agent gave you.",
         JoinArgs,
         _join,
+        _ADDS_ONCE,
     ),
     Operation(
         "svc_send",
         "Send an encrypted text message to every member of a channel.",
         SendArgs,
         _send,
+        _ADDS,
     ),
     Operation(
         "svc_receive",
@@ -179,18 +271,23 @@ OPERATIONS = [
         "waits up to timeout seconds when none is waiting.",
         ReceiveArgs,
         _receive,
+        _TAKES,
+        Messages,
     ),
     Operation(
         "svc_list_channels",
         "List the channels this agent is in (JSON list of names).",
         NoArgs,
         _list,
+        Hints(read_only=True, idempotent=True, open_world=False),
+        Channels,
     ),
     Operation(
         "svc_send_envelope",
         "Send a protocol-tagged message (raw, a2a, mcp or slim) with a content type.",
         SendEnvelopeArgs,
         _send_envelope,
+        _ADDS,
     ),
     Operation(
         "svc_receive_envelopes",
@@ -198,5 +295,7 @@ OPERATIONS = [
         "message, metadata}); waits up to timeout seconds when none is waiting.",
         ReceiveArgs,
         _receive_envelopes,
+        _TAKES,
+        Envelopes,
     ),
 ]

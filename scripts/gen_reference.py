@@ -35,7 +35,11 @@ SECTIONS: list[tuple[str, str, list[str] | None]] = [
     ("svc_sdk.adapters.bridge", "Protocol bridge", ["ProtocolBridge"]),
     ("svc_sdk.testing", "Local stack", ["LocalStack"]),
     ("svc_integrations.langchain", "LangChain toolkit", ["SvcToolkit", "SvcTool"]),
-    ("svc_integrations.mcp_server", "MCP tool server (svc mcp)", ["build_server", "main"]),
+    (
+        "svc_integrations.mcp_server",
+        "MCP tool server (svc mcp)",
+        ["build_server", "Connection", "main"],
+    ),
     ("svc_integrations.a2a_agent", "A2A agent", ["SvcA2AAgent"]),
     (
         "svc_integrations.a2a_echo",

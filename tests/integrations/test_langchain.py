@@ -44,17 +44,22 @@ def test_direct_calls(stack: LocalStack, channel_name: str, ids: Callable[[str],
     assert token.startswith("svc_inv_")
     assert "joined" in bob["svc_join"].invoke({"channel": channel_name, "token": token})
     assert json.loads(bob["svc_list_channels"].invoke({})) == [channel_name]
+    again = bob["svc_join"].invoke({"channel": channel_name, "token": "svc_inv_bogus"})
+    assert again == f"already in channel {channel_name!r}; the invite token was not used"
     alice["svc_send"].invoke({"channel": channel_name, "message": "hi bob"})
     got = json.loads(bob["svc_receive"].invoke({"channel": channel_name, "timeout": 10}))
     assert got == [{"from": ids("alice"), "message": "hi bob"}]
-    alice["svc_send_envelope"].invoke(
-        {
-            "channel": channel_name,
-            "protocol": "slim",
-            "content_type": "text/csv",
-            "message": "a,b",
-            "metadata": {"k": 1},
-        }
+    assert (
+        alice["svc_send_envelope"].invoke(
+            {
+                "channel": channel_name,
+                "protocol": "slim",
+                "content_type": "text/csv",
+                "message": "a,b",
+                "metadata": {"k": 1},
+            }
+        )
+        == f"sent an envelope (slim, text/csv) to {channel_name}"
     )
     (env,) = json.loads(bob["svc_receive_envelopes"].invoke({"channel": channel_name}))
     assert env == {
@@ -71,8 +76,12 @@ def test_errors_reach_the_model_as_messages(stack: LocalStack, ids: Callable[[st
     assert out.startswith("invalid channel name: 'no slashes'")
     out = tools["svc_send"].invoke({"channel": "acme/x/never-joined", "message": "x"})
     assert "not in channel" in out
-    out = tools["svc_invite"].invoke({"channel": "acme/x/y", "max_uses": 0})
-    assert "max_uses" in out  # schema validation, returned rather than raised
+    # Schema validation, returned rather than raised, on one line.
+    out = tools["svc_invite"].invoke({"channel": "acme/x/y", "max_uses": 0, "ttl": "soon"})
+    assert out == (
+        "invalid arguments: max_uses: Input should be greater than or equal to 1 (got 0); "
+        "ttl: Input should be a valid integer, unable to parse string as an integer (got 'soon')"
+    )
     strict = SvcToolkit(manager=stack.manager(ids("strict"))).get_tools()[0]
     strict.handle_tool_error = False
     with pytest.raises(ToolException, match="invalid channel name"):

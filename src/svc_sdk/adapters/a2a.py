@@ -1,4 +1,4 @@
-"""A2A over encrypted channels (spec 4.8; ``pip install 'svc-sdk[a2a]'``).
+"""A2A over encrypted channels (docs/protocols.md; ``pip install 'svc-sdk[a2a]'``).
 
 Each A2A context is a channel named ``org/a2a/{context_id}``; messages are real
 ``a2a.types.Message`` values in A2A's JSON form, in A2A envelopes.

@@ -1,6 +1,6 @@
-"""MCP over encrypted channels (spec 4.8): JSON-RPC messages in MCP envelopes.
+"""MCP over encrypted channels (docs/protocols.md): JSON-RPC messages in MCP envelopes.
 
-:class:`SvcTransport` is the spec's dict-level transport. :class:`SvcMCPTransport` is
+:class:`SvcTransport` is the dict-level transport. :class:`SvcMCPTransport` is
 the transport the MCP SDK itself takes (``pip install 'svc-sdk[mcp]'``): it yields the
 ``(read_stream, write_stream)`` pair, so an unmodified ``mcp.Client`` /
 ``mcp.ClientSession`` talks to an MCP server over a channel::
@@ -9,7 +9,8 @@ the transport the MCP SDK itself takes (``pip install 'svc-sdk[mcp]'``): it yiel
         tools = await client.list_tools()
 
 and :func:`serve_mcp` runs an ``MCPServer`` (or a low-level ``Server``) on the other
-member's side. One channel carries one MCP connection between two agents.
+member's side. Several client sessions, of one agent or of several, may share a served
+channel: each frame carries its session's id (:mod:`svc_sdk.adapters._mcp_sessions`).
 """
 
 from __future__ import annotations
@@ -17,24 +18,18 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 import anyio.to_thread
 
 from svc_sdk.adapters._extras import require
+from svc_sdk.adapters._mcp_sessions import Hub, Inbox, is_mcp, send_end, session_streams, tag
 from svc_sdk.adapters._reader import EnvelopeReader
 from svc_sdk.adapters.content import MCP_TYPE, decode_jsonrpc
 from svc_sdk.envelope import Envelope, Protocol
-from svc_sdk.errors import ChannelClosedError
+from svc_sdk.errors import ChannelClosedError, SvcError
 from svc_sdk.manager import SvcChannelManager
-
-if TYPE_CHECKING:
-    from mcp.shared.message import SessionMessage
-
-
-def _is_mcp(envelope: Envelope) -> bool:
-    return envelope.protocol is Protocol.MCP
 
 
 class SvcTransport:
@@ -49,7 +44,7 @@ class SvcTransport:
     def __init__(self, manager: SvcChannelManager, channel: str) -> None:
         self.manager = manager
         self.channel = channel
-        self._reader = EnvelopeReader(manager, channel, _is_mcp)
+        self._reader = EnvelopeReader(manager, channel, is_mcp)
         self._closed = False
 
     async def read(self) -> dict[str, Any]:
@@ -87,55 +82,25 @@ class SvcTransport:
 
 @asynccontextmanager
 async def mcp_streams(manager: SvcChannelManager, channel: str) -> AsyncIterator[Any]:
-    """The ``(read_stream, write_stream)`` pair of the MCP SDK's transports, over a
-    channel. A frame that is not a valid JSON-RPC message reaches the session as an
-    Exception item (as the SDK's own transports deliver parse errors), never ends it."""
+    """The ``(read_stream, write_stream)`` pair of the MCP SDK's transports for a new
+    client session on ``channel`` (see "Sessions" in docs/protocols.md). A frame that is
+    not a valid JSON-RPC message reaches the session as an Exception item (as the SDK's
+    own transports deliver parse errors), never ends it."""
     require("mcp", "mcp", "SvcMCPTransport")
-    from mcp.shared.message import SessionMessage
-    from mcp.types import jsonrpc_message_adapter
-
-    transport = SvcTransport(manager, channel)
-    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
-
-    async def inbound() -> None:
-        async with read_writer:
-            while True:
-                item: SessionMessage | Exception
-                try:
-                    raw = await transport.read()
-                    item = SessionMessage(jsonrpc_message_adapter.validate_python(raw))
-                except ValueError as exc:  # pydantic's ValidationError is one too
-                    item = exc
-                try:
-                    await read_writer.send(item)
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return
-
-    async def outbound() -> None:
-        async with write_reader:
-            async for session_message in write_reader:
-                await transport.write(
-                    session_message.message.model_dump(
-                        by_alias=True, mode="json", exclude_unset=True
-                    )
-                )
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(inbound)
-        tg.start_soon(outbound)
-        try:
-            yield read_stream, write_stream
-        finally:
-            tg.cancel_scope.cancel()
-            await transport.close()
-            for stream in (read_stream, write_stream, read_writer, write_reader):
-                await stream.aclose()
+    hub, session, inbox = Hub.open_client(manager, channel)
+    try:
+        async with session_streams(manager, channel, inbox, tag(session, "client")) as streams:
+            yield streams
+    finally:
+        hub.close_client(session)
+        await send_end(manager, channel, session)
 
 
 class SvcMCPTransport:
     """An MCP SDK transport over a channel: ``mcp.Client(SvcMCPTransport(m, channel))``
-    or ``async with SvcMCPTransport(m, channel) as (read, write)`` for a ClientSession."""
+    or ``async with SvcMCPTransport(m, channel) as (read, write)`` for a ClientSession.
+    Each time it is entered it opens a new MCP session; several may be open on one
+    channel at once."""
 
     def __init__(self, manager: SvcChannelManager, channel: str) -> None:
         require("mcp", "mcp", "SvcMCPTransport")
@@ -144,8 +109,14 @@ class SvcMCPTransport:
         self._stack: AsyncExitStack | None = None
 
     async def __aenter__(self) -> Any:
-        self._stack = AsyncExitStack()
-        return await self._stack.enter_async_context(mcp_streams(self.manager, self.channel))
+        if self._stack is not None:
+            raise SvcError(
+                f"this SvcMCPTransport on {self.channel!r} is already open; make one per connection"
+            )
+        stack = AsyncExitStack()
+        streams = await stack.enter_async_context(mcp_streams(self.manager, self.channel))
+        self._stack = stack
+        return streams
 
     async def __aexit__(self, *exc: object) -> None:
         if self._stack is not None:
@@ -155,11 +126,34 @@ class SvcMCPTransport:
 
 async def serve_mcp(server: Any, manager: SvcChannelManager, channel: str) -> None:
     """Serves an ``mcp.server.MCPServer`` (or a low-level ``Server``) over ``channel``
-    until the task is cancelled."""
+    until the task is cancelled: each client session gets its own run of the server, as
+    each connection does over stdio or HTTP. ChannelClosedError once the agent is no
+    longer in the channel."""
     require("mcp", "mcp", "serve_mcp")
     from mcp.server.mcpserver import MCPServer
 
     # mcp.Client reaches the low-level server the same way for in-process connections.
     lowlevel = server._lowlevel_server if isinstance(server, MCPServer) else server
-    async with mcp_streams(manager, channel) as (read_stream, write_stream):
-        await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+    hub, side = Hub.open_server(manager, channel)
+
+    async def run(session: str | None, inbox: Inbox[Any]) -> None:
+        try:
+            async with session_streams(manager, channel, inbox, tag(session, "server")) as (
+                read_stream,
+                write_stream,
+            ):
+                await lowlevel.run(
+                    read_stream, write_stream, lowlevel.create_initialization_options()
+                )
+        finally:
+            hub.finish(session)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            limiter = anyio.CapacityLimiter(1)
+            while (accepted := await side.accepted.get(limiter)) is not None:
+                tg.start_soon(run, *accepted)
+    finally:
+        hub.close_server()
+    if hub.error is not None:
+        raise hub.error
