@@ -24,6 +24,10 @@ class ApiClient:
     """Thread-safe; holds one HTTP connection pool and the current JWT."""
 
     def __init__(self, api_url: str, api_key: str, timeout: float = 10.0) -> None:
+        # Keys are printable ASCII; anything else (a pasted "…", a newline) cannot go into
+        # an HTTP header and would fail later as an encoding error.
+        if not isinstance(api_key, str) or not api_key.isascii() or not api_key.isprintable():
+            raise AuthError("the API key contains characters no key has; check how it was pasted")
         self.api_url = api_url.rstrip("/")
         self._key = api_key
         self._http = httpx.Client(

@@ -11,6 +11,7 @@ import pytest
 
 from svc_sdk import (
     AccessError,
+    AuthError,
     ChannelClosedError,
     MlsError,
     SvcChannelManager,
@@ -37,6 +38,9 @@ def test_constructor_arguments(stack: LocalStack, tmp_path: Path) -> None:
             SvcClient(endpoint, tmp_path / "a", b"a", **auth)
     with pytest.raises(TypeError, match="endpoint must be a str"):
         SvcClient(None, tmp_path / "a", b"a", **auth)  # type: ignore[arg-type]
+    for key in ("sk_live_REPLACE…", "sk_live_a\nb", "sk_live_\x00"):
+        with pytest.raises(AuthError, match="^auth error: the API key contains characters"):
+            SvcClient(stack.relay_url, tmp_path / "a", b"a", key, stack.api_url)
 
 
 def test_channel_calls(stack: LocalStack, channel_name: str, ids: Any) -> None:
