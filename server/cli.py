@@ -101,8 +101,16 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("api", help="run the account API server")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="port to listen on")
-    p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
-    p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="accounts database (default: SVC_DATABASE_URL, else SQLite in the data dir)",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="where the server keeps its state (default: SVC_DATA_DIR, else ~/.svc/server)",
+    )
     p.add_argument(
         "--log-level",
         default="warning",
@@ -113,15 +121,27 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.set_defaults(func=run_api)
 
     p = sub.add_parser("rotate-signing-key", help="rotate the JWT signing key")
-    p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="accounts database (default: SVC_DATABASE_URL, else SQLite in the data dir)",
+    )
     p.set_defaults(func=rotate_signing_key)
 
     p = sub.add_parser("up", help="run the account API and the relay together")
     p.add_argument("--host", default="127.0.0.1", help="address both servers listen on")
     p.add_argument("--api-port", type=int, default=8000, help="account API port (0: any free)")
     p.add_argument("--relay-port", type=int, default=50051, help="relay port (0: any free)")
-    p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
-    p.add_argument("--database-url", default=None, help="default: SVC_DATABASE_URL or SQLite")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="where the server keeps its state (default: SVC_DATA_DIR, else ~/.svc/server)",
+    )
+    p.add_argument(
+        "--database-url",
+        default=None,
+        help="accounts database (default: SVC_DATABASE_URL, else SQLite in the data dir)",
+    )
     p.add_argument("--redis-url", default=None, help="relay log in Redis (SVC_REDIS_URL)")
     _tls_arguments(p)
     p.set_defaults(func=run_up)
@@ -129,7 +149,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("relay", help="run one relay process")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=50051, help="port to listen on (0: any free)")
-    p.add_argument("--data-dir", default=None, help="default: SVC_DATA_DIR or ~/.svc/server")
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="where the server keeps its state (default: SVC_DATA_DIR, else ~/.svc/server)",
+    )
     p.add_argument("--database-url", default=None, help="channel registry (SVC_DATABASE_URL)")
     p.add_argument(
         "--redis-url", default=None, help="shared log for several relays (SVC_REDIS_URL)"
