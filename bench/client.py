@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from svc_sdk import SvcClient
+from svc_sdk.cli import positive
 from svc_sdk.mls import Engine
 from svc_sdk.testing import LocalStack
 
@@ -135,17 +136,6 @@ def round_trips(stack: dict[str, str], rounds: int) -> tuple[float, float, float
         client.close()
     samples.sort()
     return samples[len(samples) // 2], samples[int(len(samples) * 0.99)], sends
-
-
-def positive(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 def main() -> int:
