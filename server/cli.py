@@ -85,11 +85,14 @@ def rotate_signing_key(args: argparse.Namespace) -> None:
     settings = _settings(args)
     engine = open_database(settings)
     with transaction(make_sessionmaker(engine)) as session:
-        key = signing.rotate(session, settings.token_ttl_seconds)
+        key = signing.rotate(session, settings.token_ttl_seconds, args.purpose)
         kid = key.kid
     engine.dispose()
-    # API processes pick the new key up within 30 s; old tokens verify until they expire.
-    print(f"new signing key {kid}; the previous key verifies until its tokens expire")
+    # API processes pick the new key up within 30 s.
+    if args.purpose == signing.TOKEN:
+        print(f"new signing key {kid}; the previous key verifies until its tokens expire")
+    else:
+        print(f"new credential key {kid}; the previous key stays published for old credentials")
 
 
 def _tls_arguments(p: argparse.ArgumentParser) -> None:
@@ -120,7 +123,15 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     _tls_arguments(p)
     p.set_defaults(func=run_api)
 
-    p = sub.add_parser("rotate-signing-key", help="rotate the JWT signing key")
+    p = sub.add_parser(
+        "rotate-signing-key", help="rotate the key that signs relay JWTs or agent credentials"
+    )
+    p.add_argument(
+        "--purpose",
+        choices=["token", "credential"],
+        default="token",
+        help="which key: relay JWTs (token) or agent credentials (credential)",
+    )
     p.add_argument(
         "--database-url",
         default=None,

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     )
     redis_url: str = Field("", description="Redis URL for shared rate limits (optional)")
     token_ttl_seconds: int = Field(900, ge=5, le=86_400, description="JWT lifetime")
+    agent_credential_ttl_seconds: int = Field(
+        3 * 86_400, ge=60, le=30 * 86_400, description="Agent credential lifetime"
+    )
     issuer: str = "svc-api"
     audience: str = "svc-relay"
     signup_rate_limit: str = Field("10/minute", description="Signups per client address")

@@ -8,7 +8,7 @@ from .. import __version__
 from ..config import Settings
 from . import problems
 from .deps import Services
-from .routes import accounts, invites, keys, meta, tokens
+from .routes import accounts, credentials, invites, keys, meta, tokens
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
@@ -18,11 +18,12 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app = FastAPI(
         title="svc account API",
         version=__version__,
-        description="Accounts, API keys (sk_live_…) and their exchange for relay JWTs.",
+        description="Accounts, API keys (sk_live_…), their exchange for relay JWTs, and "
+        "agent credentials.",
     )
     app.state.services = services
     problems.install(app)
     app.add_middleware(problems.BodyLimit, max_bytes=services.settings.max_body_size)
-    for module in (accounts, keys, tokens, invites, meta):
+    for module in (accounts, keys, tokens, credentials, invites, meta):
         app.include_router(module.router)
     return app

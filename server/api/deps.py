@@ -17,7 +17,7 @@ from ..db.models import utcnow
 from ..db.session import make_sessionmaker, open_database
 from ..services import api_keys
 from ..services.ratelimit import RateLimits
-from ..services.signing import SignerCache
+from ..services.signing import CREDENTIAL, SignerCache
 from .problems import ProblemError, rate_limited
 
 
@@ -51,6 +51,7 @@ class Services:
     sessions: sessionmaker[Session]
     signer: SignerCache
     rate_limits: RateLimits
+    credential_signer: SignerCache
     last_used: LastUsedThrottle = field(init=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +73,9 @@ class Services:
         sessions = make_sessionmaker(engine)
         signer = SignerCache(sessions)
         signer.get()
-        return cls(settings, engine, sessions, signer, RateLimits(settings))
+        credential_signer = SignerCache(sessions, purpose=CREDENTIAL)
+        credential_signer.get()
+        return cls(settings, engine, sessions, signer, RateLimits(settings), credential_signer)
 
 
 async def get_services(request: Request) -> Services:

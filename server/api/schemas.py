@@ -144,3 +144,38 @@ class JoinRequestOut(BaseModel):
     join_id: uuid.UUID = Field(description="Post it to the channel with a relay JoinRequest")
     channel: str
     identity: str = Field(description="The key package's identity, hex")
+
+
+BASE64 = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+class CredentialRequestBody(BaseModel):
+    """An agent asking for a credential; every binary field is base64."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    account: uuid.UUID = Field(description="The account the agent signed for: the API key's")
+    identity: str = Field(
+        min_length=1, max_length=1368, pattern=BASE64, description="The agent identity"
+    )
+    cipher_suite: Literal[1, 2] = Field(description="MLS cipher suite of signature_key")
+    signature_key: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=BASE64,
+        description="The agent's MLS signature public key",
+    )
+    issued_at: int = Field(ge=0, description="When the agent signed this, unix seconds")
+    proof: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=BASE64,
+        description="The agent's MLS signature over the request (docs/security.md)",
+    )
+
+
+class CredentialOut(BaseModel):
+    credential: str = Field(description="The agent credential, base64 (docs/security.md)")
+    issuer: str = Field(description="kid of the key that signed it")
+    not_before: datetime
+    not_after: datetime

@@ -81,12 +81,15 @@ class ApiKey(Base):
 
 
 class SigningKey(Base):
-    """A JWT signing key pair. The newest unretired key signs; every key verifies until
-    ``verify_until`` (the retirement time plus the longest token lifetime)."""
+    """A signing key pair of the API, for one ``purpose``: ``token`` (relay JWTs) or
+    ``credential`` (agent credentials). Per purpose the newest unretired key signs; a
+    token key verifies until ``verify_until`` (its retirement plus the longest token
+    lifetime), a credential key for as long as it is published (docs/security.md)."""
 
     __tablename__ = "signing_keys"
 
     kid: Mapped[str] = mapped_column(String(64), primary_key=True)
+    purpose: Mapped[str] = mapped_column(String(16), default="token", server_default="token")
     algorithm: Mapped[str] = mapped_column(String(16), default="EdDSA")
     private_pem: Mapped[str] = mapped_column(Text)
     public_jwk: Mapped[str] = mapped_column(Text)

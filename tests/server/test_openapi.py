@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 from hypothesis import HealthCheck, given, settings
 
 from svc_server.config import Settings
@@ -27,6 +28,14 @@ def live_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningApi]:
         yield api
 
 
+def excluded(case: Any) -> list[Any]:
+    # A credential request that matches the schema is still refused (400/403, documented)
+    # unless the agent's key signed it moments ago: no schema can express a proof.
+    if case.operation.path == "/v1/agent-credentials":
+        return [positive_data_acceptance]
+    return []
+
+
 def test_api_conforms_to_its_schema(live_api: RunningApi) -> None:
     signup = httpx.post(f"{live_api.url}/v1/accounts", json={"email": "fuzz@example.com"})
     headers = {"Authorization": f"Bearer {signup.json()['api_key']['key']}"}
@@ -43,13 +52,13 @@ def test_api_conforms_to_its_schema(live_api: RunningApi) -> None:
             max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck)
         )
         def run(case: Any) -> None:
-            case.call_and_validate(headers=headers)
+            case.call_and_validate(headers=headers, excluded_checks=excluded(case))
             calls.append(case.operation.label)
 
         run()
         checked.append(operation.label)
-    assert len(checked) == 10, checked
-    assert len(calls) > 10 * 10, "each operation gets many generated cases"
+    assert len(checked) == 12, checked
+    assert len(calls) > 12 * 10, "each operation gets many generated cases"
 
 
 def test_openapi_document_lists_every_route(live_api: RunningApi) -> None:
@@ -60,10 +69,12 @@ def test_openapi_document_lists_every_route(live_api: RunningApi) -> None:
         "/v1/keys",
         "/v1/keys/{key_id}",
         "/v1/tokens",
+        "/v1/agent-credentials",
         "/v1/invites",
         "/v1/invites/redeem",
         "/healthz",
         "/.well-known/jwks.json",
+        "/.well-known/svc-credential-keys.json",
     }
     problem = doc["paths"]["/v1/keys/{key_id}"]["delete"]["responses"]["404"]["content"]
     assert "application/problem+json" in problem

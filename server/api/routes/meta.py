@@ -29,3 +29,16 @@ def jwks(services: ServicesDep, response: Response) -> dict[str, Any]:
     response.headers["Cache-Control"] = "public, max-age=60"
     with transaction(services.sessions) as session:
         return signing.jwks(session)
+
+
+@router.get(
+    "/.well-known/svc-credential-keys.json",
+    response_model=Jwks,
+    summary="Keys that verify agent credentials",
+)
+def credential_keys(services: ServicesDep, response: Response) -> dict[str, Any]:
+    # Members and the relay verify agent credentials offline with these; retired keys stay
+    # listed (docs/security.md, "Agent credentials").
+    response.headers["Cache-Control"] = "public, max-age=60"
+    with transaction(services.sessions) as session:
+        return signing.jwks(session, signing.CREDENTIAL)
