@@ -13,6 +13,7 @@ use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, Extension
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
 use mls_rs_core::group::GroupStateStorage;
 
+use crate::credential::{sign_request, CredentialRequestContent, ACCOUNT_ID_LEN};
 use crate::data_dir::{self, DataDirLock};
 use crate::error::{EngineError, Result};
 use crate::group::GroupHandle;
@@ -37,6 +38,9 @@ pub struct Engine {
     client: MlsClient,
     identity: Vec<u8>,
     cipher_suite: CipherSuite,
+    // The signing key pair, also held by `client`; kept here for credential requests.
+    public_key: SignaturePublicKey,
+    secret_key: SignatureSecretKey,
     data_dir: PathBuf,
     group_storage: SqLiteGroupStateStorage,
     // One handle per group, so every caller shares one ratchet state and one lock.
@@ -88,9 +92,11 @@ impl Engine {
         }
 
         let suite = CipherSuite::from(stored.cipher_suite);
+        let public_key = SignaturePublicKey::from(stored.public_key.clone());
+        let secret_key = SignatureSecretKey::from(stored.secret_key.clone());
         let signing_identity = SigningIdentity::new(
             BasicCredential::new(stored.identity.clone()).into_credential(),
-            SignaturePublicKey::from(stored.public_key.clone()),
+            public_key.clone(),
         );
         let storage_engine = storage::storage_engine(&db);
         let rules = DefaultMlsRules::new()
@@ -106,17 +112,15 @@ impl Engine {
             .mls_rules(rules)
             .crypto_provider(Crypto::default())
             .identity_provider(BasicIdentityProvider::new())
-            .signing_identity(
-                signing_identity,
-                SignatureSecretKey::from(stored.secret_key.clone()),
-                suite,
-            )
+            .signing_identity(signing_identity, secret_key.clone(), suite)
             .build();
         let group_storage = client.group_state_storage();
         Ok(Self {
             client,
             identity: stored.identity,
             cipher_suite: suite,
+            public_key,
+            secret_key,
             data_dir: data_dir.to_owned(),
             group_storage,
             groups: Mutex::new(HashMap::new()),
@@ -155,6 +159,32 @@ impl Engine {
 
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// This agent's MLS signature public key (what a credential certifies).
+    pub fn signature_key(&self) -> &[u8] {
+        &self.public_key
+    }
+
+    /// A credential request for `account` (a 16-byte UUID) and its proof of possession:
+    /// (encoded `CredentialRequestContent`, signature by this agent's MLS key over
+    /// `REQUEST_LABEL || content`). The account API verifies both before issuing.
+    pub fn credential_request(&self, account: &[u8], issued_at: u64) -> Result<(Vec<u8>, Vec<u8>)> {
+        if account.len() != ACCOUNT_ID_LEN {
+            return Err(EngineError::Malformed {
+                what: "account id",
+                detail: format!("must be a {ACCOUNT_ID_LEN}-byte UUID, got {} bytes", account.len()),
+            });
+        }
+        let content = CredentialRequestContent {
+            account: account.to_vec(),
+            identity: self.identity.clone(),
+            cipher_suite: self.cipher_suite(),
+            signature_key: self.public_key.to_vec(),
+            issued_at,
+        };
+        let proof = sign_request(&content, &self.secret_key)?;
+        Ok((content.to_bytes()?, proof))
     }
 
     /// A fresh single-use key package; its private keys go to the store.

@@ -67,6 +67,67 @@ pub enum EngineError {
 
     #[error("{op}: {detail}")]
     Mls { op: &'static str, detail: String },
+
+    #[error("agent credential was issued by unknown key {kid:?}; trusted keys: {}", list_or_none(.trusted))]
+    UnknownIssuer { kid: String, trusted: Vec<String> },
+
+    #[error("agent credential signature check failed: not signed by issuer key {kid:?}, or altered")]
+    CredentialSignature { kid: String },
+
+    #[error(
+        "agent credential certifies signature key {certified}, not the presented key {presented} (key substitution)"
+    )]
+    CredentialKeyMismatch { certified: String, presented: String },
+
+    #[error("agent credential expired at {} (not_after {not_after}); now is {} ({now})", utc(*.not_after), utc(*.now))]
+    CredentialExpired { not_after: u64, now: u64 },
+
+    #[error("agent credential is not valid before {} (not_before {not_before}); now is {} ({now})", utc(*.not_before), utc(*.now))]
+    CredentialNotYetValid { not_before: u64, now: u64 },
+
+    #[error("expected an svc agent credential (credential type 0xf5c1), got credential type {got:#06x}{}", credential_type_name(*.got))]
+    WrongCredentialType { got: u16 },
+
+    #[error("credential request proof check failed: not signed by the signature key it names, or altered")]
+    CredentialRequestSignature,
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".into()
+    } else {
+        items.iter().map(|k| format!("{k:?}")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+fn credential_type_name(t: u16) -> &'static str {
+    match t {
+        1 => " (basic)",
+        2 => " (x509)",
+        _ => "",
+    }
+}
+
+/// Unix seconds as an RFC 3339 UTC time, e.g. `2023-11-14T22:13:20Z`.
+pub(crate) fn utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    )
 }
 
 fn holder_text(holder: &str) -> String {

@@ -5,6 +5,7 @@
 //! change, commits that stay pending until the delivery service decides. The `python`
 //! feature adds the PyO3 bindings that ship as `svc_sdk._native`.
 
+pub mod credential;
 pub mod data_dir;
 pub mod engine;
 pub mod error;
@@ -15,6 +16,10 @@ pub mod storage;
 #[cfg(feature = "python")]
 mod python;
 
+pub use credential::{
+    verify_credential, verify_credential_request, verify_mls_credential, AgentCredential, AgentCredentialContent,
+    CredentialRequestContent, TrustAnchors, SVC_CREDENTIAL_TYPE,
+};
 pub use engine::{inspect, Engine, MessageInfo, DEFAULT_CIPHER_SUITE};
 pub use error::{EngineError, Result};
 pub use group::{CommitInfo, GroupHandle, PendingCommit, Received};

@@ -1,6 +1,7 @@
 //! PyO3 bindings: `svc_sdk._native`. Every call that does crypto or storage releases the
 //! GIL; every failure is `MlsError` (a RuntimeError) starting with `MLS engine error: `.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyType};
 
+use crate::credential::{AgentCredentialContent, CredentialRequestContent, TrustAnchors};
 use crate::engine::{Engine, DEFAULT_CIPHER_SUITE};
 use crate::error::EngineError;
 use crate::group::{CommitInfo, GroupHandle, PendingCommit, Received};
@@ -121,6 +123,20 @@ impl PyEngine {
     /// Deletes a group and its secrets from data_dir.
     fn delete_group(&self, py: Python<'_>, group_id: &[u8]) -> PyResult<()> {
         py.allow_threads(|| self.inner.delete_group(group_id)).map_err(to_py)
+    }
+
+    /// A credential request for `account` (16-byte UUID): (encoded request content, proof
+    /// signed by this agent's MLS key) for the account API to verify before issuing.
+    fn credential_request<'py>(
+        &self,
+        py: Python<'py>,
+        account: &[u8],
+        issued_at: u64,
+    ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+        let (content, proof) = py
+            .allow_threads(|| self.inner.credential_request(account, issued_at))
+            .map_err(to_py)?;
+        Ok((bytes(py, &content), bytes(py, &proof)))
     }
 
     fn __repr__(&self) -> String {
@@ -482,6 +498,129 @@ fn inspect(py: Python<'_>, message: &[u8]) -> PyResult<PyMessageInfo> {
 
 const INSPECT_GIL_RELEASE_BYTES: usize = 64 * 1024;
 
+/// A verified agent credential's content.
+#[pyclass(module = "svc_sdk._native", name = "AgentCredentialInfo", frozen)]
+struct PyAgentCredentialInfo(AgentCredentialContent);
+
+#[pymethods]
+impl PyAgentCredentialInfo {
+    /// Key id of the API key that signed it.
+    #[getter]
+    fn issuer(&self) -> String {
+        self.0.issuer_kid()
+    }
+
+    /// The account's UUID (16 bytes).
+    #[getter]
+    fn account<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, &self.0.account)
+    }
+
+    #[getter]
+    fn identity<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, &self.0.identity)
+    }
+
+    #[getter]
+    fn cipher_suite(&self) -> u16 {
+        self.0.cipher_suite
+    }
+
+    #[getter]
+    fn signature_key<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, &self.0.signature_key)
+    }
+
+    #[getter]
+    fn not_before(&self) -> u64 {
+        self.0.not_before
+    }
+
+    #[getter]
+    fn not_after(&self) -> u64 {
+        self.0.not_after
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "AgentCredentialInfo(issuer={:?}, identity={:?}, cipher_suite={}, not_before={}, not_after={})",
+            self.0.issuer_kid(),
+            String::from_utf8_lossy(&self.0.identity),
+            self.0.cipher_suite,
+            self.0.not_before,
+            self.0.not_after
+        )
+    }
+}
+
+/// A credential request whose proof of possession checked out.
+#[pyclass(module = "svc_sdk._native", name = "CredentialRequestInfo", frozen)]
+struct PyCredentialRequestInfo(CredentialRequestContent);
+
+#[pymethods]
+impl PyCredentialRequestInfo {
+    #[getter]
+    fn account<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, &self.0.account)
+    }
+
+    #[getter]
+    fn identity<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, &self.0.identity)
+    }
+
+    #[getter]
+    fn cipher_suite(&self) -> u16 {
+        self.0.cipher_suite
+    }
+
+    #[getter]
+    fn signature_key<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, &self.0.signature_key)
+    }
+
+    #[getter]
+    fn issued_at(&self) -> u64 {
+        self.0.issued_at
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "CredentialRequestInfo(identity={:?}, cipher_suite={}, issued_at={})",
+            String::from_utf8_lossy(&self.0.identity),
+            self.0.cipher_suite,
+            self.0.issued_at
+        )
+    }
+}
+
+/// Verifies an agent credential against `anchors` (kid -> raw Ed25519 public key): known
+/// issuer, signature, that it certifies `signature_key` when given, and validity at `now`
+/// (unix seconds) when given.
+#[pyfunction]
+#[pyo3(signature = (credential, anchors, signature_key=None, now=None))]
+fn verify_agent_credential(
+    py: Python<'_>,
+    credential: &[u8],
+    anchors: HashMap<String, Bound<'_, PyBytes>>,
+    signature_key: Option<&[u8]>,
+    now: Option<u64>,
+) -> PyResult<PyAgentCredentialInfo> {
+    let anchors =
+        TrustAnchors::new(anchors.iter().map(|(kid, key)| (kid.clone(), key.as_bytes().to_vec()))).map_err(to_py)?;
+    py.allow_threads(|| crate::credential::verify_credential(credential, &anchors, signature_key, now))
+        .map(|c| PyAgentCredentialInfo(c.content))
+        .map_err(to_py)
+}
+
+/// Checks a credential request's proof of possession against the key it names.
+#[pyfunction]
+fn verify_credential_request(py: Python<'_>, content: &[u8], proof: &[u8]) -> PyResult<PyCredentialRequestInfo> {
+    py.allow_threads(|| crate::credential::verify_credential_request(content, proof))
+        .map(PyCredentialRequestInfo)
+        .map_err(to_py)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
@@ -489,7 +628,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyPendingCommit>()?;
     m.add_class::<PyReceived>()?;
     m.add_class::<PyMessageInfo>()?;
+    m.add_class::<PyAgentCredentialInfo>()?;
+    m.add_class::<PyCredentialRequestInfo>()?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_agent_credential, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_credential_request, m)?)?;
     m.add("MlsError", m.py().get_type::<MlsError>())?;
     m.add("DEFAULT_CIPHER_SUITE", DEFAULT_CIPHER_SUITE)?;
     Ok(())
