@@ -1,16 +1,21 @@
-"""Token exchanges per second for one account-API process, with a real load generator.
+"""Token exchanges and agent-credential issuances per second for one account-API
+process, with a real load generator.
 
     python bench/api_tokens.py [--seconds 10] [--connections 32] [--database-url URL]
 
-Starts ``svc api`` pinned to CPU 0 and drives ``POST /v1/tokens`` with wrk (Debian
+Starts ``svc api`` pinned to CPU 0 and drives ``POST /v1/tokens``, then
+``POST /v1/agent-credentials`` (one agent's signed request, replayed), with wrk (Debian
 package ``wrk``) pinned to CPU 1, so the server has exactly one core. Prints a table
 with throughput and latency percentiles beside the bound measured in the same run: the
-in-process cost of the two things an exchange must do (look the key up, sign the JWT).
+in-process cost of what each request must do (look the key up, then sign a JWT; or
+verify the proof of possession and sign the credential).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
 import re
 import shutil
@@ -19,7 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -31,15 +38,46 @@ from tests.support import PostgresServer, free_port, wait_healthy  # noqa: E402
 LUA = """
 wrk.method = "POST"
 wrk.headers["Authorization"] = "Bearer {key}"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{body}'
 """
 
 
-def in_process_bound(data_dir: Path, database_url: str, key: str) -> tuple[float, float]:
-    """(µs per key lookup, µs per JWT signature), medians of 5 rounds, in this process."""
+def credential_request(account: str) -> tuple[Any, bytes, str]:
+    """An agent's signed credential request: (request, proof, JSON body)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from svc_sdk.agent_credential import REQUEST_LABEL, CredentialRequest
+
+    key = Ed25519PrivateKey.generate()
+    public = key.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    request = CredentialRequest(
+        uuid.UUID(account).bytes, b"bench-agent", 1, public, int(time.time())
+    )
+    proof = key.sign(REQUEST_LABEL + request.encode())
+    body = {
+        "account": account,
+        "identity": base64.b64encode(request.identity).decode(),
+        "cipher_suite": 1,
+        "signature_key": base64.b64encode(public).decode(),
+        "issued_at": request.issued_at,
+        "proof": base64.b64encode(proof).decode(),
+    }
+    return request, proof, json.dumps(body)
+
+
+def in_process_bound(
+    data_dir: Path, database_url: str, key: str, credential: tuple[Any, bytes]
+) -> tuple[float, float, float]:
+    """(µs per key lookup, µs per JWT signature, µs per credential check and signature),
+    medians of 5 rounds, in this process."""
     from svc_server.config import Settings
     from svc_server.db.session import make_engine, make_sessionmaker
-    from svc_server.services import api_keys, tokens
-    from svc_server.services.signing import SignerCache
+    from svc_server.services import agent_credentials, api_keys, tokens
+    from svc_server.services.signing import CREDENTIAL, SignerCache
 
     settings = Settings(data_dir=data_dir, database_url=database_url)
     engine = make_engine(settings)
@@ -59,8 +97,16 @@ def in_process_bound(data_dir: Path, database_url: str, key: str) -> tuple[float
     def sign() -> None:
         tokens.issue(signer, account, settings, time.time())
 
+    credential_signer = SignerCache(sessions, purpose=CREDENTIAL).get()
+    request, proof = credential
+
+    def issue() -> None:
+        now = int(time.time())
+        agent_credentials.check_request(request, proof, account.id, now)
+        agent_credentials.issue(credential_signer, request, now, 86_400)
+
     results = []
-    for fn, n in ((lookup, 2000), (sign, 2000)):
+    for fn, n in ((lookup, 2000), (sign, 2000), (issue, 2000)):
         rounds = []
         for _ in range(5):
             start = time.perf_counter()
@@ -69,7 +115,7 @@ def in_process_bound(data_dir: Path, database_url: str, key: str) -> tuple[float
             rounds.append((time.perf_counter() - start) / n * 1e6)
         results.append(statistics.median(rounds))
     engine.dispose()
-    return results[0], results[1]
+    return results[0], results[1], results[2]
 
 
 def parse_wrk(output: str) -> dict[str, float]:
@@ -137,53 +183,63 @@ def run(args: argparse.Namespace, database_url: str) -> int:
     )
     try:
         wait_healthy(url, server)
-        key = httpx.post(f"{url}/v1/accounts", json={"email": "bench@example.com"}).json()[
-            "api_key"
-        ]["key"]
-        script = data_dir / "tokens.lua"
-        script.write_text(LUA.format(key=key))
-        # Warm up, then measure.
-        wrk = [
-            "taskset",
-            "-c",
-            "1",
-            "wrk",
-            "-t1",
-            f"-c{args.connections}",
-            "--latency",
-            "-s",
-            str(script),
-        ]
-        subprocess.run([*wrk, "-d2s", f"{url}/v1/tokens"], capture_output=True, check=True)
-        result = parse_wrk(
-            subprocess.run(
-                [*wrk, f"-d{args.seconds}s", f"{url}/v1/tokens"],
+        signed_up = httpx.post(f"{url}/v1/accounts", json={"email": "bench@example.com"}).json()
+        key, account = signed_up["api_key"]["key"], signed_up["account"]["id"]
+        request, proof, body = credential_request(account)
+        results = {}
+        for path, sent in (("/v1/tokens", ""), ("/v1/agent-credentials", body)):
+            script = data_dir / "load.lua"
+            script.write_text(LUA.format(key=key, body=sent))
+            wrk = [
+                "taskset",
+                "-c",
+                "1",
+                "wrk",
+                "-t1",
+                f"-c{args.connections}",
+                "--latency",
+                "-s",
+                str(script),
+            ]
+            # Warm up, then measure.
+            subprocess.run([*wrk, "-d2s", f"{url}{path}"], capture_output=True, check=True)
+            done = subprocess.run(
+                [*wrk, f"-d{args.seconds}s", f"{url}{path}"],
                 capture_output=True,
                 text=True,
                 check=True,
-            ).stdout
+            )
+            results[path] = parse_wrk(done.stdout)
+        lookup_us, sign_us, issue_us = in_process_bound(
+            data_dir, database_url, key, (request, proof)
         )
-        lookup_us, sign_us = in_process_bound(data_dir, database_url, key)
     finally:
         server.terminate()
         server.wait(timeout=10)
         shutil.rmtree(data_dir, ignore_errors=True)
 
-    bound = 1e6 / (lookup_us + sign_us)
+    tokens, creds = results["/v1/tokens"], results["/v1/agent-credentials"]
+    bounds = (1e6 / (lookup_us + sign_us), 1e6 / (lookup_us + issue_us))
     backend = "PostgreSQL" if database_url.startswith("postgresql") else "SQLite"
-    print(f"Token exchanges (POST /v1/tokens), one API process on one core, {backend},")
-    print(f"wrk: 1 thread, {args.connections} connections, {args.seconds} s, on the other core\n")
-    print("| measure | value |")
-    print("|---|---:|")
-    print(f"| exchanges per second | {result['rps']:,.0f} |")
-    print(f"| latency p50 | {result.get('p50', float('nan')):.2f} ms |")
-    print(f"| latency p90 | {result.get('p90', float('nan')):.2f} ms |")
-    print(f"| latency p99 | {result.get('p99', float('nan')):.2f} ms |")
-    print(f"| non-2xx responses | {result['errors']:.0f} |")
-    print(f"| bound: key lookup, in process | {lookup_us:.0f} µs |")
-    print(f"| bound: JWT sign (EdDSA), in process | {sign_us:.0f} µs |")
-    print(f"| bound: exchanges/s if HTTP cost nothing | {bound:,.0f} |")
-    print(f"| HTTP + framework share of each exchange | {1 - result['rps'] / bound:.0%} |")
+    print(f"One API process on one core, {backend}; wrk: 1 thread, {args.connections}")
+    print(f"connections, {args.seconds} s per endpoint, on the other core\n")
+    print("| measure | POST /v1/tokens | POST /v1/agent-credentials |")
+    print("|---|---:|---:|")
+    print(f"| requests per second | {tokens['rps']:,.0f} | {creds['rps']:,.0f} |")
+    for pct in ("p50", "p90", "p99"):
+        nan = float("nan")
+        print(f"| latency {pct} | {tokens.get(pct, nan):.2f} ms | {creds.get(pct, nan):.2f} ms |")
+    print(f"| non-2xx responses | {tokens['errors']:.0f} | {creds['errors']:.0f} |")
+    print(f"| bound: key lookup, in process | {lookup_us:.0f} µs | {lookup_us:.0f} µs |")
+    print(
+        f"| bound: the request's own work, in process | {sign_us:.0f} µs (JWT sign) "
+        f"| {issue_us:.0f} µs (proof check + credential sign) |"
+    )
+    print(f"| bound: requests/s if HTTP cost nothing | {bounds[0]:,.0f} | {bounds[1]:,.0f} |")
+    print(
+        f"| HTTP + framework share of each request | {1 - tokens['rps'] / bounds[0]:.0%} "
+        f"| {1 - creds['rps'] / bounds[1]:.0%} |"
+    )
     return 0
 
 

@@ -1,5 +1,5 @@
-"""The client side of the account API: exchanging the API key for relay JWTs
-and the invite endpoints. Errors become the library's RuntimeError subclasses."""
+"""The client side of the account API: exchanging the API key for relay JWTs, agent
+credentials, and the invite endpoints. Errors become the library's RuntimeError subclasses."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import base64
 import json
 import threading
 import time
+import uuid
 from datetime import datetime
 from typing import Any
 
 import httpx
 
 from svc_sdk import credentials
+from svc_sdk._native import Engine, verify_credential_request
 from svc_sdk.errors import AuthError, InternalError, InviteError, InviteReason, TransportError
 
 # Refresh when this share of the token's lifetime has passed (exchange again
@@ -97,6 +99,46 @@ class ApiClient:
         except (KeyError, ValueError) as exc:
             raise InternalError(f"unexpected token response: {exc}") from None
         self._token, self._issued, self._expires = token, time.time(), expires
+
+    # -- agent credentials -------------------------------------------------------------
+
+    def agent_credential(self, engine: Engine) -> bytes:
+        """A credential from the API binding ``engine``'s MLS signature key to this
+        account and the engine's identity (docs/security.md, "Agent credentials"): the
+        engine signs the request, proving it holds the key."""
+        account = uuid.UUID(self.account_id())
+        content, proof = engine.credential_request(account.bytes, int(time.time()))
+        request = verify_credential_request(content, proof)
+        data = self._post(
+            "/v1/agent-credentials",
+            {
+                "account": str(account),
+                "identity": base64.b64encode(request.identity).decode(),
+                "cipher_suite": request.cipher_suite,
+                "signature_key": base64.b64encode(request.signature_key).decode(),
+                "issued_at": request.issued_at,
+                "proof": base64.b64encode(proof).decode(),
+            },
+        )
+        try:
+            return base64.b64decode(str(data["credential"]), validate=True)
+        except (KeyError, ValueError):
+            raise InternalError("the account API answered without a credential") from None
+
+    def credential_keys(self) -> dict[str, bytes]:
+        """The keys that verify agent credentials, by kid: the API's published anchors."""
+        try:
+            response = self._http.get("/.well-known/svc-credential-keys.json")
+            response.raise_for_status()
+            keys = response.json()["keys"]
+            return {
+                str(k["kid"]): base64.urlsafe_b64decode(k["x"] + "=" * (-len(k["x"]) % 4))
+                for k in keys
+            }
+        except httpx.HTTPError as exc:
+            raise TransportError(f"account API {self.api_url} unreachable: {exc}") from None
+        except (KeyError, TypeError, ValueError):
+            raise InternalError("the account API's credential keys are malformed") from None
 
     # -- invites -----------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ another commit wins the epoch (``clear_pending_commit``, process the winner, ret
 
 from svc_sdk._native import (
     DEFAULT_CIPHER_SUITE,
+    AgentCredentialInfo,
+    CredentialRequestInfo,
     Engine,
     Group,
     MessageInfo,
@@ -24,10 +26,14 @@ from svc_sdk._native import (
     PendingCommit,
     Received,
     inspect,
+    verify_agent_credential,
+    verify_credential_request,
 )
 
 __all__ = [
     "DEFAULT_CIPHER_SUITE",
+    "AgentCredentialInfo",
+    "CredentialRequestInfo",
     "Engine",
     "Group",
     "MessageInfo",
@@ -35,4 +41,6 @@ __all__ = [
     "PendingCommit",
     "Received",
     "inspect",
+    "verify_agent_credential",
+    "verify_credential_request",
 ]

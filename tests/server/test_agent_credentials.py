@@ -25,6 +25,7 @@ from svc_sdk.agent_credential import (
     CredentialRequest,
     opaque,
 )
+from svc_sdk.mls import verify_agent_credential
 from svc_server.db.session import make_engine, make_sessionmaker, transaction
 from svc_server.services import signing
 
@@ -243,3 +244,36 @@ def test_vector_matches_the_documented_encoding() -> None:
     assert content.encode() == expected
     assert opaque(b"x" * 64)[:2] == b"\x40\x40" and opaque(b"x" * 16384)[:4] == b"\x80\x00\x40\x00"
     assert json.dumps(content.signed(b"s")[-2:].hex()) == '"0173"'
+
+
+def test_rfc8032_vector_signed_by_the_issuer_matches_the_engine() -> None:
+    """native/tests/credential.rs pins the same content and signature: the issuer's
+    bytes and the engine's decoder agree, signature included (Ed25519 is
+    deterministic)."""
+    seed = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
+    issuer = Ed25519PrivateKey.from_private_bytes(seed)
+    content = CredentialContent(
+        issuer="key-1",
+        account=uuid.UUID("00112233-4455-6677-8899-aabbccddeeff").bytes,
+        identity=b"agent-a",
+        cipher_suite=1,
+        signature_key=bytes.fromhex(
+            "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c"
+        ),
+        not_before=1_700_000_000,
+        not_after=1_700_086_400,
+    )
+    assert content.encode().hex() == (
+        "056b65792d311000112233445566778899aabbccddeeff076167656e742d610001203d4017c3e8"
+        "43895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c000000006553f1000000000065554280"
+    )
+    signature = issuer.sign(CREDENTIAL_LABEL + content.encode())
+    assert signature.hex() == (
+        "47f7554047cc64169fb7fa7848d083e2e98d4827238a580d7d112ee4b9fe1d7c"
+        "b2ab9a16a6425b9e42bd33e1161d1766c4e9bca2d53acee1139c35636f4d9103"
+    )
+    public = issuer.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    )
+    info = verify_agent_credential(content.signed(signature), {"key-1": public})
+    assert (info.identity, info.not_after) == (b"agent-a", 1_700_086_400)

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-from schemathesis.specs.openapi.checks import positive_data_acceptance
 from hypothesis import HealthCheck, given, settings
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from svc_server.config import Settings
 
