@@ -211,3 +211,28 @@ def test_loose_data_dir_is_tightened(tmp_path: Path) -> None:
     data_dir.chmod(0o755)
     Engine(data_dir, b"alice")
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+
+
+def test_credential_entry_points_refuse_bad_input(make_engine: Callable[..., Engine]) -> None:
+    from svc_sdk.mls import verify_agent_credential, verify_credential_request
+
+    engine = make_engine("alice")
+    for account in (b"", b"x" * 15, b"x" * 17):
+        with pytest.raises(MlsError, match=PREFIX + "malformed account id"):
+            engine.credential_request(account, 0)
+    content, proof = engine.credential_request(bytes(16), 1)
+    for bad_content, bad_proof in (
+        (content[:-1], proof),
+        (content + b"\0", proof),
+        (b"", proof),
+        (content, proof[:-1]),
+        (content, b""),
+    ):
+        with pytest.raises(MlsError, match=PREFIX):
+            verify_credential_request(bad_content, bad_proof)
+    assert verify_credential_request(content, proof).identity == b"alice"
+    for anchors in ({"": bytes(32)}, {"k": bytes(31)}, {"k\u00e9": bytes(32)}):
+        with pytest.raises(MlsError, match=PREFIX + "malformed trust anchor"):
+            verify_agent_credential(b"\0" * 200, anchors)
+    with pytest.raises(MlsError, match=PREFIX + "malformed agent credential"):
+        verify_agent_credential(b"\xff" * 10, {"k": bytes(32)})
