@@ -85,7 +85,12 @@ class SvcChannelManager:
             except BaseException:
                 api.close()
                 raise
-        self.client = SvcClient(relay, directory, ident, key, url, timeout=timeout, _api=api)
+        try:
+            self.client = SvcClient(relay, directory, ident, key, url, timeout=timeout, _api=api)
+        except BaseException:
+            if api is not None:
+                api.close()  # idempotent: the client may have closed it already
+            raise
         self._stop = threading.Event()
         self._listeners: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
