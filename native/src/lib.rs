@@ -10,6 +10,7 @@ pub mod data_dir;
 pub mod engine;
 pub mod error;
 pub mod group;
+pub mod identity;
 pub mod message;
 pub mod storage;
 
@@ -23,3 +24,4 @@ pub use credential::{
 pub use engine::{inspect, Engine, MessageInfo, DEFAULT_CIPHER_SUITE};
 pub use error::{EngineError, Result};
 pub use group::{CommitInfo, GroupHandle, PendingCommit, Received};
+pub use identity::{SvcIdentityError, SvcIdentityProvider};

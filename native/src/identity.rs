@@ -1,0 +1,148 @@
+//! [`SvcIdentityProvider`]: the mls-rs identity provider for agent credentials.
+//!
+//! Every leaf and key package of an svc group carries an [`AgentCredential`] as
+//! `Credential::Custom` of type [`SVC_CREDENTIAL_TYPE`]. mls-rs asks this provider:
+//!
+//! - whether a member is valid ([`validate_member`](IdentityProvider::validate_member)):
+//!   a known issuer signed it, it certifies the key the leaf signs with, and, when mls-rs
+//!   passes a time, it is valid at that time;
+//! - who a member is ([`identity`](IdentityProvider::identity)): `account || identity`,
+//!   so agents of two accounts that chose the same identity are distinct members;
+//! - whether a leaf may replace another ([`valid_successor`](IdentityProvider::valid_successor)):
+//!   only a credential for the same account and identity (a renewal, or the same one).
+//!
+//! # Time
+//!
+//! mls-rs passes a time only where it knows one: a committer checks the key packages it
+//! adds at the commit time (`commit_builder().commit_time(..)`, else now). Receivers of a
+//! commit (`process_incoming_message`) and joiners (`join_group(.., None)`) pass `None`,
+//! and then the validity period is deliberately not checked: a member whose credential
+//! expired while it was offline must not make the group impossible to join.
+
+use std::error::Error as StdError;
+
+use mls_rs_core::error::IntoAnyError;
+use mls_rs_core::extension::ExtensionList;
+use mls_rs_core::identity::{Credential, CredentialType, IdentityProvider, MemberValidationContext, SigningIdentity};
+use mls_rs_core::time::MlsTime;
+
+use crate::credential::{verify_mls_credential, AgentCredential, TrustAnchors, SVC_CREDENTIAL_TYPE};
+use crate::error::EngineError;
+
+/// Why [`SvcIdentityProvider`] refused a member. mls-rs wraps it in
+/// `MlsError::IdentityProviderError`; its text is the specific reason ("expired",
+/// "unknown key", "key substitution", ...), and
+/// `AnyError::inner_dyn_error().downcast_ref::<SvcIdentityError>()` recovers it.
+#[derive(Debug, thiserror::Error)]
+pub enum SvcIdentityError {
+    /// The credential failed decoding or verification.
+    #[error(transparent)]
+    Credential(#[from] EngineError),
+    /// svc groups have no external senders.
+    #[error("external senders are not supported in svc groups")]
+    ExternalSender,
+}
+
+impl SvcIdentityError {
+    /// The credential error, if that is what this is.
+    pub fn engine_error(&self) -> Option<&EngineError> {
+        match self {
+            Self::Credential(e) => Some(e),
+            Self::ExternalSender => None,
+        }
+    }
+}
+
+impl IntoAnyError for SvcIdentityError {
+    fn into_dyn_error(self) -> Result<Box<dyn StdError + Send + Sync>, Self> {
+        Ok(Box::new(self))
+    }
+}
+
+/// Validates agent credentials against the account API's issuer keys. Cloning shares
+/// the anchors.
+#[derive(Clone, Debug)]
+pub struct SvcIdentityProvider {
+    anchors: TrustAnchors,
+}
+
+impl SvcIdentityProvider {
+    pub fn new(anchors: TrustAnchors) -> Self {
+        Self { anchors }
+    }
+
+    pub fn anchors(&self) -> &TrustAnchors {
+        &self.anchors
+    }
+}
+
+/// Decodes an agent credential without verifying it (no signature, no validity period):
+/// enough to name a member or compare two leaves; [`verify_mls_credential`] is what
+/// authenticates one, and mls-rs runs `validate_member` on every leaf before trusting it.
+fn decode(credential: &Credential) -> Result<AgentCredential, EngineError> {
+    match credential {
+        Credential::Custom(custom) if custom.credential_type.raw_value() == SVC_CREDENTIAL_TYPE => {
+            AgentCredential::from_bytes(&custom.data)
+        }
+        other => Err(EngineError::WrongCredentialType {
+            got: other.credential_type().raw_value(),
+        }),
+    }
+}
+
+/// `account || identity`: the account is a fixed 16 bytes, so this is unambiguous.
+fn member_id(cred: &AgentCredential) -> Vec<u8> {
+    [cred.content.account.as_slice(), cred.content.identity.as_slice()].concat()
+}
+
+impl IdentityProvider for SvcIdentityProvider {
+    type Error = SvcIdentityError;
+
+    fn validate_member(
+        &self,
+        signing_identity: &SigningIdentity,
+        timestamp: Option<MlsTime>,
+        _context: MemberValidationContext<'_>,
+    ) -> Result<(), Self::Error> {
+        verify_mls_credential(
+            &signing_identity.credential,
+            &self.anchors,
+            Some(signing_identity.signature_key.as_bytes()),
+            timestamp.map(|t| t.seconds_since_epoch()),
+        )?;
+        Ok(())
+    }
+
+    fn validate_external_sender(
+        &self,
+        _signing_identity: &SigningIdentity,
+        _timestamp: Option<MlsTime>,
+        _extensions: Option<&ExtensionList>,
+    ) -> Result<(), Self::Error> {
+        Err(SvcIdentityError::ExternalSender)
+    }
+
+    fn identity(
+        &self,
+        signing_identity: &SigningIdentity,
+        _extensions: &ExtensionList,
+    ) -> Result<Vec<u8>, Self::Error> {
+        Ok(member_id(&decode(&signing_identity.credential)?))
+    }
+
+    fn valid_successor(
+        &self,
+        predecessor: &SigningIdentity,
+        successor: &SigningIdentity,
+        _extensions: &ExtensionList,
+    ) -> Result<bool, Self::Error> {
+        let (Ok(pred), Ok(succ)) = (decode(&predecessor.credential), decode(&successor.credential)) else {
+            return Ok(false);
+        };
+        Ok(pred.content.account == succ.content.account && pred.content.identity == succ.content.identity)
+    }
+
+    fn supported_types(&self) -> Vec<CredentialType> {
+        vec![CredentialType::new(SVC_CREDENTIAL_TYPE)]
+    }
+}
