@@ -18,6 +18,11 @@
 //! commit (`process_incoming_message`) and joiners (`join_group(.., None)`) pass `None`,
 //! and then the validity period is deliberately not checked: a member whose credential
 //! expired while it was offline must not make the group impossible to join.
+//!
+//! mls-rs does not ask the provider about the sender's own leaf except when creating a
+//! group: neither key package generation nor a commit (even one that sets a new signing
+//! identity) validates it, so a bad credential surfaces only when others refuse it. The
+//! engine has to check its own credential before publishing or committing it.
 
 use std::error::Error as StdError;
 

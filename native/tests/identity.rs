@@ -677,3 +677,47 @@ fn mls_rs_checks_the_senders_own_leaf_only_when_creating_a_group() {
     );
     assert_eq!(ga.current_epoch(), 1);
 }
+
+#[test]
+fn update_proposals_renew_but_cannot_change_who_it_is() {
+    let issuer = Issuer::new("key-1");
+    let trust = anchors(&[&issuer]);
+    let alice = Agent::new(&issuer, &ACCOUNT_A, "alice", (T0, T0 + DAY));
+    let bob = Agent::new(&issuer, &ACCOUNT_B, "bob", (T0, T0 + DAY));
+    let (ca, cb) = (alice.client(&trust), bob.client(&trust));
+    let mut ga = new_group(&ca, T0);
+    let welcome = add(&mut ga, key_package(&cb, T0), T0 + 10);
+    let (mut gb, _) = cb.join_group(None, &welcome, None).unwrap();
+
+    // bob proposes a renewal; alice commits it.
+    let renewed = Agent::new(&issuer, &ACCOUNT_B, "bob", (T0, T0 + 2 * DAY));
+    let proposal = gb
+        .propose_update_with_identity(renewed.secret.clone(), renewed.signing_identity(), vec![])
+        .unwrap();
+    ga.process_incoming_message(proposal).unwrap();
+    let commit = ga.commit_builder().commit_time(at(T0 + 20)).build().unwrap();
+    assert!(commit.unused_proposals.is_empty());
+    ga.apply_pending_commit().unwrap();
+    expect_commit(gb.process_incoming_message(commit.commit_message).unwrap());
+    assert_eq!(
+        ga.roster().member_with_index(1).unwrap().signing_identity,
+        renewed.signing_identity()
+    );
+    send(&mut gb, &mut ga, b"renewed by proposal");
+
+    // bob proposes to become another identity: alice's commit leaves the proposal out.
+    let other = Agent::new(&issuer, &ACCOUNT_B, "mallory", (T0, T0 + 2 * DAY));
+    let proposal = gb
+        .propose_update_with_identity(other.secret.clone(), other.signing_identity(), vec![])
+        .unwrap();
+    ga.process_incoming_message(proposal).unwrap();
+    let commit = ga.commit_builder().commit_time(at(T0 + 30)).build().unwrap();
+    assert_eq!(commit.unused_proposals.len(), 1);
+    ga.apply_pending_commit().unwrap();
+    expect_commit(gb.process_incoming_message(commit.commit_message).unwrap());
+    assert_eq!(
+        ga.roster().member_with_index(1).unwrap().signing_identity,
+        renewed.signing_identity()
+    );
+    send(&mut gb, &mut ga, b"still bob");
+}
