@@ -114,3 +114,32 @@ def test_migration_head_constant_matches_the_scripts() -> None:
     migrate.upgrade(engine)
     assert migrate.current_revision(engine) == migrate.HEAD
     engine.dispose()
+
+
+def test_signing_keys_made_before_purposes_stay_token_keys(make_settings: Any) -> None:
+    """A database at 0003 with a signing key upgrades in place: the key keeps signing
+    tokens, and a credential key of its own appears beside it."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from svc_server.db import migrate
+    from svc_server.db.session import make_engine, make_sessionmaker, transaction
+    from svc_server.services import signing
+
+    engine = make_engine(make_settings())
+    command.upgrade(migrate.alembic_config(engine), "0003")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO signing_keys (kid, algorithm, private_pem, public_jwk, created_at)"
+                " VALUES ('old', 'EdDSA', 'pem', '{\"kid\": \"old\"}', CURRENT_TIMESTAMP)"
+            )
+        )
+    migrate.upgrade(engine)
+    assert migrate.current_revision(engine) == migrate.HEAD
+    with transaction(make_sessionmaker(engine)) as session:
+        assert signing.ensure_key(session, signing.TOKEN).kid == "old"
+        assert signing.jwks(session, signing.TOKEN) == {"keys": [{"kid": "old"}]}
+        credential = signing.ensure_key(session, signing.CREDENTIAL)
+        assert credential.kid != "old" and credential.purpose == signing.CREDENTIAL
+    engine.dispose()
