@@ -107,6 +107,8 @@ class Relay:
         self, requests: AsyncIterator[pb.ClientFrame | None], context: grpc.aio.ServicerContext
     ) -> None:
         claims, identity = await self._authenticate(context)
+        # Tells the client the stream is accepted before it writes (RelayConnection.open).
+        await context.send_initial_metadata(())
         session = StreamSession(self, claims, identity)
         self.hub.connect(identity, session.outbox)
         self.metrics.streams.inc()

@@ -121,6 +121,18 @@ class RelayConnection:
                 ("svc-identity", self.identity.hex()),
             )
         )
+        # The relay sends its initial metadata once it has accepted the stream, and only
+        # a status when it refuses it. Waiting for one or the other before the first
+        # write keeps a refusal's own status (UNAUTHENTICATED for a bad token): a write
+        # racing the refusal fails in gRPC's core and would surface as INTERNAL.
+        await self._call.initial_metadata()
+        if self._call.done():
+            raise grpc.aio.AioRpcError(
+                await self._call.code(),
+                grpc.aio.Metadata(),
+                await self._call.trailing_metadata() or grpc.aio.Metadata(),
+                await self._call.details(),
+            )
         self._reader = asyncio.create_task(self._read())
 
     async def _read(self) -> None:

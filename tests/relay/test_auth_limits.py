@@ -58,8 +58,8 @@ def forge(stack: Stack, account: Account, *, key: Any = None, **claims: Any) -> 
 
 async def open_status(stack: Stack, token: str, identity: bytes = b"x") -> grpc.StatusCode:
     conn = RelayConnection(stack.relay_url, token, identity)
-    await conn.open()
     try:
+        await conn.open()
         await conn.request(create=pb.CreateChannel(channel=CHANNEL), timeout=10)
     except grpc.aio.AioRpcError as exc:
         return exc.code()
