@@ -12,6 +12,9 @@ use mls_rs_core::identity::{BasicCredential, Credential, CredentialType, CustomC
 use mls_rs_crypto_awslc::AwsLcCryptoProvider;
 use tempfile::TempDir;
 
+mod common;
+use common::Issuer;
+
 const ACCOUNT: [u8; 16] = [
     0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff,
 ];
@@ -24,35 +27,14 @@ fn provider(suite: u16) -> impl CipherSuiteProvider {
         .unwrap()
 }
 
-struct Issuer {
-    kid: String,
-    secret: SignatureSecretKey,
-    public: SignaturePublicKey,
-}
-
 impl Issuer {
-    fn new(kid: &str) -> Self {
-        let (secret, public) = provider(1).signature_key_generate().unwrap();
-        Self {
-            kid: kid.into(),
-            secret,
-            public,
-        }
-    }
-
     fn anchors(&self) -> TrustAnchors {
         TrustAnchors::new([(self.kid.clone(), self.public.to_vec())]).unwrap()
     }
 
     /// Encodes `content` signed by this issuer, whatever `content.issuer` says.
     fn sign(&self, content: &AgentCredentialContent) -> Vec<u8> {
-        let signature = provider(1).sign(&self.secret, &content.signed_data().unwrap()).unwrap();
-        AgentCredential {
-            content: content.clone(),
-            signature,
-        }
-        .to_bytes()
-        .unwrap()
+        self.credential(content.clone()).to_bytes().unwrap()
     }
 
     fn content(&self, signature_key: &[u8]) -> AgentCredentialContent {

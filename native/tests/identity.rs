@@ -1,7 +1,7 @@
 //! `SvcIdentityProvider` in real mls-rs groups: who may join, who may stay, who may
 //! renew, and what mls-rs checks at which time.
 
-use _native::credential::{AgentCredential, AgentCredentialContent, TrustAnchors, SVC_CREDENTIAL_TYPE};
+use _native::credential::{AgentCredentialContent, TrustAnchors, SVC_CREDENTIAL_TYPE};
 use _native::{EngineError, SvcIdentityError, SvcIdentityProvider};
 use mls_rs::client_builder::{ClientBuilder, MlsConfig};
 use mls_rs::error::MlsError;
@@ -15,6 +15,9 @@ use mls_rs::{
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
 use mls_rs_core::identity::MemberValidationContext;
 use mls_rs_crypto_awslc::AwsLcCryptoProvider;
+
+mod common;
+use common::Issuer;
 
 const T0: u64 = 1_700_000_000;
 const DAY: u64 = 86_400;
@@ -34,22 +37,7 @@ fn key_pair() -> (SignatureSecretKey, SignaturePublicKey) {
     suite().signature_key_generate().unwrap()
 }
 
-struct Issuer {
-    kid: String,
-    secret: SignatureSecretKey,
-    public: SignaturePublicKey,
-}
-
 impl Issuer {
-    fn new(kid: &str) -> Self {
-        let (secret, public) = key_pair();
-        Self {
-            kid: kid.into(),
-            secret,
-            public,
-        }
-    }
-
     /// A credential naming `kid` as its issuer, signed with this issuer's key.
     fn issue_as(
         &self,
@@ -68,8 +56,7 @@ impl Issuer {
             not_before: window.0,
             not_after: window.1,
         };
-        let signature = suite().sign(&self.secret, &content.signed_data().unwrap()).unwrap();
-        AgentCredential { content, signature }.to_mls_credential().unwrap()
+        self.credential(content).to_mls_credential().unwrap()
     }
 
     fn issue(&self, account: &[u8], identity: &str, key: &SignaturePublicKey, window: (u64, u64)) -> Credential {
