@@ -62,7 +62,9 @@ class NoArgs(_Args):
 
 
 class ReceivedMessage(BaseModel):
-    sender: str = Field(alias="from", description="The sender's identity, authenticated by MLS.")
+    sender: str = Field(
+        alias="from", description="The sender as identity@account, from its verified credential."
+    )
     message: str = Field(description="The text; base64: and the bytes when not UTF-8.")
 
 
@@ -119,7 +121,7 @@ def _send(m: SvcChannelManager, a: SendArgs) -> Reply:
 
 def _receive(m: SvcChannelManager, a: ReceiveArgs) -> Reply:
     received = [
-        {"from": x.sender.decode(errors="replace"), "message": _text(x.data)}
+        {"from": str(x.sender), "message": _text(x.data)}
         for x in m.receive_messages(a.channel, a.timeout)
     ]
     return Reply(json.dumps(received), Messages.model_validate({"messages": received}))

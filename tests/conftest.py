@@ -9,19 +9,33 @@ from pathlib import Path
 import pytest
 
 from svc_sdk.mls import Engine
-from svc_sdk.testing import LocalStack
+from svc_sdk.testing import LocalIssuer, LocalStack
 
 from .support import PostgresServer, RedisServer, optional_server
+
+# One issuer for the session, as one account API is for a deployment.
+ISSUER = LocalIssuer()
+
+
+@pytest.fixture
+def issuer() -> LocalIssuer:
+    return ISSUER
 
 
 @pytest.fixture
 def make_engine(tmp_path: Path) -> Callable[[str], Engine]:
-    """Creates an engine with its own data_dir under the test's temporary directory."""
+    """Creates an engine with its own data_dir under the test's temporary directory, with
+    a credential from the session's issuer (of account ``ISSUER.account``)."""
 
     def make(name: str, **kwargs: int) -> Engine:
-        return Engine(tmp_path / name, name.encode(), **kwargs)
+        return ISSUER.certify(Engine(tmp_path / name, name.encode(), **kwargs))
 
     return make
+
+
+def member_id(name: str) -> bytes:
+    """How groups name a ``make_engine`` agent: the issuer's account, then the identity."""
+    return ISSUER.account.bytes + name.encode()
 
 
 @pytest.fixture(scope="session")

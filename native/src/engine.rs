@@ -2,10 +2,9 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use mls_rs::client_builder::{BaseSqlConfig, WithCryptoProvider, WithIdentityProvider, WithMlsRules};
-use mls_rs::identity::basic::{BasicCredential, BasicIdentityProvider};
 use mls_rs::identity::SigningIdentity;
 use mls_rs::mls_rules::{CommitOptions, DefaultMlsRules, EncryptionOptions};
 use mls_rs::storage_provider::sqlite::storage::SqLiteGroupStateStorage;
@@ -13,19 +12,23 @@ use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, Extension
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
 use mls_rs_core::group::GroupStateStorage;
 
-use crate::credential::{sign_request, CredentialRequestContent, ACCOUNT_ID_LEN};
+use mls_rs_core::time::MlsTime;
+
+use crate::credential::{
+    sign_request, verify_credential, verify_mls_credential, AgentCredential, AgentCredentialContent,
+    CredentialRequestContent, TrustAnchors, ACCOUNT_ID_LEN,
+};
 use crate::data_dir::{self, DataDirLock};
 use crate::error::{EngineError, Result};
 use crate::group::GroupHandle;
+use crate::identity::{member_id, SvcIdentityProvider};
 use crate::message::{expect_kind, parse};
 use crate::storage::{self, IdentityStore, StoredIdentity};
 
 /// The crypto provider, chosen by measurement (docs/performance.md).
 pub type Crypto = mls_rs_crypto_awslc::AwsLcCryptoProvider;
-pub type Config = WithIdentityProvider<
-    BasicIdentityProvider,
-    WithCryptoProvider<Crypto, WithMlsRules<DefaultMlsRules, BaseSqlConfig>>,
->;
+pub type Config =
+    WithIdentityProvider<SvcIdentityProvider, WithCryptoProvider<Crypto, WithMlsRules<DefaultMlsRules, BaseSqlConfig>>>;
 pub type MlsClient = Client<Config>;
 
 /// Suite 1, MLS_128_DHKEMX25519_AES128GCM_SHA256_Ed25519: with aws-lc it signs 1.7x and
@@ -34,13 +37,57 @@ pub const DEFAULT_CIPHER_SUITE: u16 = 1;
 pub const SUPPORTED_CIPHER_SUITES: [u16; 2] = [1, 2];
 pub const MAX_IDENTITY_LEN: usize = 1024;
 
+/// Unix seconds now.
+pub(crate) fn unix_now() -> u64 {
+    MlsTime::now().seconds_since_epoch()
+}
+
+/// What the engine and every group handle share: the identity provider (whose trust
+/// anchors can be replaced in place) and the agent's current credential, which every
+/// commit brings the committer's own leaf up to.
+pub struct Agent {
+    pub(crate) provider: SvcIdentityProvider,
+    pub(crate) secret_key: SignatureSecretKey,
+    pub(crate) public_key: SignaturePublicKey,
+    current: RwLock<Option<(SigningIdentity, AgentCredentialContent)>>,
+}
+
+impl Agent {
+    /// The current signing identity, checked valid now against the current anchors.
+    ///
+    /// mls-rs never validates the sender's own leaf (key packages, commits, renewals), so
+    /// without this an agent with an expired or foreign credential would publish it and
+    /// learn only from other members' refusals.
+    pub(crate) fn usable(&self) -> Result<SigningIdentity> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        let (signing, _) = current.as_ref().ok_or(EngineError::NoCredential)?;
+        let anchors = self.provider.anchors();
+        if anchors.is_empty() {
+            return Err(EngineError::NoTrustAnchors);
+        }
+        verify_mls_credential(
+            &signing.credential,
+            &anchors,
+            Some(self.public_key.as_bytes()),
+            Some(unix_now()),
+        )
+        .map_err(|e| EngineError::OwnCredential(Box::new(e)))?;
+        Ok(signing.clone())
+    }
+
+    pub(crate) fn credential(&self) -> Option<AgentCredentialContent> {
+        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        current.as_ref().map(|(_, content)| content.clone())
+    }
+}
+
 pub struct Engine {
-    client: MlsClient,
+    client: RwLock<MlsClient>,
+    agent: Arc<Agent>,
     identity: Vec<u8>,
     cipher_suite: CipherSuite,
-    // The signing key pair, also held by `client`; kept here for credential requests.
-    public_key: SignaturePublicKey,
-    secret_key: SignatureSecretKey,
+    db: PathBuf,
+    store: Mutex<IdentityStore>,
     data_dir: PathBuf,
     group_storage: SqLiteGroupStateStorage,
     // One handle per group, so every caller shares one ratchet state and one lock.
@@ -53,7 +100,10 @@ impl Engine {
     /// Opens (or initialises) the engine in `data_dir` for `identity`.
     ///
     /// `cipher_suite` applies when the data_dir is new; an existing data_dir keeps its own
-    /// and rejects a different explicit request.
+    /// and rejects a different explicit request. The trust anchors and credential stored
+    /// in data_dir are loaded; until both exist the engine can read nothing and make
+    /// nothing (see [`set_trust_anchors`](Self::set_trust_anchors) and
+    /// [`install_credential`](Self::install_credential)).
     pub fn open(data_dir: &Path, identity: &[u8], cipher_suite: Option<u16>) -> Result<Self> {
         if identity.is_empty() || identity.len() > MAX_IDENTITY_LEN {
             return Err(EngineError::BadIdentity {
@@ -92,35 +142,28 @@ impl Engine {
         }
 
         let suite = CipherSuite::from(stored.cipher_suite);
-        let public_key = SignaturePublicKey::from(stored.public_key.clone());
-        let secret_key = SignatureSecretKey::from(stored.secret_key.clone());
-        let signing_identity = SigningIdentity::new(
-            BasicCredential::new(stored.identity.clone()).into_credential(),
-            public_key.clone(),
-        );
-        let storage_engine = storage::storage_engine(&db);
-        let rules = DefaultMlsRules::new()
-            // Handshakes travel as PrivateMessage: the relay learns epochs, not who joined or left.
-            .with_encryption_options(EncryptionOptions::new(true, Default::default()))
-            .with_commit_options(
-                CommitOptions::new()
-                    .with_ratchet_tree_extension(true)
-                    .with_single_welcome_message(true),
-            );
-        let client = mls_rs::client_builder::ClientBuilder::new_sqlite(storage_engine)
-            .map_err(|e| EngineError::Storage(e.to_string()))?
-            .mls_rules(rules)
-            .crypto_provider(Crypto::default())
-            .identity_provider(BasicIdentityProvider::new())
-            .signing_identity(signing_identity, secret_key.clone(), suite)
-            .build();
+        let agent = Arc::new(Agent {
+            provider: SvcIdentityProvider::new(TrustAnchors::new(ids.anchors()?)?),
+            secret_key: SignatureSecretKey::from(stored.secret_key.clone()),
+            public_key: SignaturePublicKey::from(stored.public_key.clone()),
+            current: RwLock::new(None),
+        });
+        if let Some(bytes) = ids.credential()? {
+            // Stored after verification; decoded again, not re-verified: it may have expired
+            // meanwhile, and the engine must still open to read its channels.
+            let cred = AgentCredential::from_bytes(&bytes)?;
+            let signing = SigningIdentity::new(cred.to_mls_credential()?, agent.public_key.clone());
+            *agent.current.write().unwrap_or_else(|p| p.into_inner()) = Some((signing, cred.content));
+        }
+        let client = build_client(&db, &agent, suite)?;
         let group_storage = client.group_state_storage();
         Ok(Self {
-            client,
+            client: RwLock::new(client),
+            agent,
             identity: stored.identity,
             cipher_suite: suite,
-            public_key,
-            secret_key,
+            db: db.clone(),
+            store: Mutex::new(ids),
             data_dir: data_dir.to_owned(),
             group_storage,
             groups: Mutex::new(HashMap::new()),
@@ -163,7 +206,79 @@ impl Engine {
 
     /// This agent's MLS signature public key (what a credential certifies).
     pub fn signature_key(&self) -> &[u8] {
-        &self.public_key
+        &self.agent.public_key
+    }
+
+    fn client(&self) -> MlsClient {
+        self.client.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the issuer keys credentials are checked against (the account API's
+    /// published credential keys), here and in every open group, and stores them.
+    pub fn set_trust_anchors(&self, anchors: Vec<(String, Vec<u8>)>) -> Result<()> {
+        let parsed = TrustAnchors::new(anchors.clone())?;
+        self.store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set_anchors(&anchors)?;
+        self.agent.provider.set_anchors(parsed);
+        Ok(())
+    }
+
+    pub fn trust_anchors(&self) -> TrustAnchors {
+        self.agent.provider.anchors()
+    }
+
+    /// Installs a credential from the account API after checking that it is valid now,
+    /// signed by a trust anchor, for this agent's identity and signature key. New key
+    /// packages and groups use it at once; each existing group's leaf moves to it with the
+    /// group's next commit (`self_update` makes one).
+    pub fn install_credential(&self, bytes: &[u8]) -> Result<AgentCredentialContent> {
+        let anchors = self.agent.provider.anchors();
+        if anchors.is_empty() {
+            return Err(EngineError::NoTrustAnchors);
+        }
+        let cred = verify_credential(bytes, &anchors, Some(self.signature_key()), Some(unix_now()))?;
+        if cred.content.identity != self.identity {
+            return Err(EngineError::NotOurCredential {
+                what: "identity",
+                got: String::from_utf8_lossy(&cred.content.identity).into_owned(),
+                want: String::from_utf8_lossy(&self.identity).into_owned(),
+            });
+        }
+        if let Some(current) = self.agent.credential() {
+            if current.account != cred.content.account {
+                return Err(EngineError::NotOurCredential {
+                    what: "account",
+                    got: hex::encode(&cred.content.account),
+                    want: hex::encode(&current.account),
+                });
+            }
+        }
+        let signing = SigningIdentity::new(cred.to_mls_credential()?, self.agent.public_key.clone());
+        let mut client = self.client.write().unwrap_or_else(|p| p.into_inner());
+        self.store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set_credential(bytes)?;
+        *self.agent.current.write().unwrap_or_else(|p| p.into_inner()) = Some((signing, cred.content.clone()));
+        *client = build_client(&self.db, &self.agent, self.cipher_suite)?;
+        Ok(cred.content)
+    }
+
+    /// The credential installed last, if any (it may have expired since).
+    pub fn credential(&self) -> Option<AgentCredentialContent> {
+        self.agent.credential()
+    }
+
+    /// `account || identity` of this agent once it has a credential: how groups name it.
+    pub fn member_id(&self) -> Option<Vec<u8>> {
+        self.agent.credential().map(|content| {
+            member_id(&AgentCredential {
+                content,
+                signature: Vec::new(),
+            })
+        })
     }
 
     /// A credential request for `account` (a 16-byte UUID) and its proof of possession:
@@ -180,20 +295,26 @@ impl Engine {
             account: account.to_vec(),
             identity: self.identity.clone(),
             cipher_suite: self.cipher_suite(),
-            signature_key: self.public_key.to_vec(),
+            signature_key: self.agent.public_key.to_vec(),
             issued_at,
         };
-        let proof = sign_request(&content, &self.secret_key)?;
+        let proof = sign_request(&content, &self.agent.secret_key)?;
         Ok((content.to_bytes()?, proof))
     }
 
-    /// A fresh single-use key package; its private keys go to the store.
+    /// A fresh single-use key package carrying the current credential; its private keys
+    /// go to the store.
     pub fn generate_key_package(&self) -> Result<Vec<u8>> {
+        self.agent.usable()?;
         let msg = self
-            .client
+            .client()
             .generate_key_package_message(ExtensionList::default(), ExtensionList::default(), None)
             .map_err(|e| EngineError::mls("key package generation", e))?;
         msg.to_bytes().map_err(|e| EngineError::mls("key package encoding", e))
+    }
+
+    fn handle(&self, client: MlsClient, group: crate::group::MlsGroup) -> Arc<GroupHandle> {
+        Arc::new(GroupHandle::new(client, group, self.agent.clone()))
     }
 
     pub fn create_group(&self, group_id: &[u8]) -> Result<Arc<GroupHandle>> {
@@ -207,19 +328,20 @@ impl Engine {
         if groups.contains_key(group_id) || self.stored(group_id)? {
             return Err(EngineError::GroupExists(hex::encode(group_id)));
         }
-        let mut group = self
-            .client
+        self.agent.usable()?;
+        let client = self.client();
+        let mut group = client
             .create_group_with_id(
                 group_id.to_vec(),
                 ExtensionList::default(),
                 ExtensionList::default(),
-                None,
+                Some(MlsTime::now()),
             )
             .map_err(|e| EngineError::mls("group creation", e))?;
         group
             .write_to_storage()
             .map_err(|e| EngineError::mls("group storage", e))?;
-        let handle = Arc::new(GroupHandle::new(self.client.clone(), group));
+        let handle = self.handle(client, group);
         groups.insert(group_id.to_vec(), handle.clone());
         Ok(handle)
     }
@@ -240,8 +362,17 @@ impl Engine {
                 });
             }
         }
+        if self.agent.provider.anchors().is_empty() {
+            return Err(EngineError::NoTrustAnchors);
+        }
+        // The Welcome answers a key package made under some credential of ours; the
+        // current one may have expired since, which does not matter for joining.
+        self.agent.credential().ok_or(EngineError::NoCredential)?;
+        let client = self.client();
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        let (mut group, _info) = self.client.join_group(None, &msg, None).map_err(|e| match e {
+        // No time: every leaf's issuer, signature and key are checked, not its validity
+        // period, so a member whose credential lapsed while offline cannot block joins.
+        let (mut group, _info) = client.join_group(None, &msg, None).map_err(|e| match e {
             mls_rs::error::MlsError::WelcomeKeyPackageNotFound => EngineError::WelcomeNotForUs,
             e => EngineError::mls("join from Welcome", e),
         })?;
@@ -252,7 +383,7 @@ impl Engine {
         group
             .write_to_storage()
             .map_err(|e| EngineError::mls("group storage", e))?;
-        let handle = Arc::new(GroupHandle::new(self.client.clone(), group));
+        let handle = self.handle(client, group);
         groups.insert(id, handle.clone());
         Ok(handle)
     }
@@ -265,11 +396,12 @@ impl Engine {
                 return Ok(handle.clone());
             }
         }
-        let group = self.client.load_group(group_id).map_err(|e| match e {
+        let client = self.client();
+        let group = client.load_group(group_id).map_err(|e| match e {
             mls_rs::error::MlsError::GroupNotFound => EngineError::GroupNotFound(hex::encode(group_id)),
             e => EngineError::mls("group load", e),
         })?;
-        let handle = Arc::new(GroupHandle::new(self.client.clone(), group));
+        let handle = self.handle(client, group);
         groups.insert(group_id.to_vec(), handle.clone());
         Ok(handle)
     }
@@ -303,14 +435,48 @@ impl Engine {
     }
 }
 
+fn build_client(db: &Path, agent: &Agent, suite: CipherSuite) -> Result<MlsClient> {
+    let rules = DefaultMlsRules::new()
+        // Handshakes travel as PrivateMessage: the relay learns epochs, not who joined or left.
+        .with_encryption_options(EncryptionOptions::new(true, Default::default()))
+        .with_commit_options(
+            CommitOptions::new()
+                .with_ratchet_tree_extension(true)
+                .with_single_welcome_message(true),
+        );
+    let builder = mls_rs::client_builder::ClientBuilder::new_sqlite(storage::storage_engine(db))
+        .map_err(|e| EngineError::Storage(e.to_string()))?
+        .mls_rules(rules)
+        .crypto_provider(Crypto::default())
+        .identity_provider(agent.provider.clone());
+    let current = agent.current.read().unwrap_or_else(|p| p.into_inner());
+    Ok(match current.as_ref() {
+        Some((signing, _)) => builder
+            .signing_identity(signing.clone(), agent.secret_key.clone(), suite)
+            .build(),
+        None => builder.build(),
+    })
+}
+
 /// Public framing of a message, readable without keys: what the relay needs to order it.
 pub struct MessageInfo {
     pub wire_format: &'static str,
     pub group_id: Option<Vec<u8>>,
     pub epoch: Option<u64>,
     pub content_type: Option<&'static str>,
-    /// For a key package: the identity in its basic credential.
-    pub identity: Option<Vec<u8>>,
+    /// For a key package: its leaf's credential data (an encoded agent credential when the
+    /// credential type is svc's; not verified), the key its leaf signs with, and its
+    /// KeyPackageRef (RFC 9420 §5.2), which a Welcome names it by.
+    pub key_package: Option<KeyPackageInfo>,
+    /// For a Welcome: the KeyPackageRefs of the key packages it is addressed to.
+    pub welcome_refs: Vec<Vec<u8>>,
+}
+
+pub struct KeyPackageInfo {
+    pub credential_type: u16,
+    pub credential: Vec<u8>,
+    pub signature_key: Vec<u8>,
+    pub reference: Option<Vec<u8>>,
 }
 
 pub fn inspect(bytes: &[u8]) -> Result<MessageInfo> {

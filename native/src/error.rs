@@ -90,6 +90,22 @@ pub enum EngineError {
 
     #[error("credential request proof check failed: not signed by the signature key it names, or altered")]
     CredentialRequestSignature,
+
+    #[error("this agent has no agent credential yet; SvcClient installs one from the account API (Engine.install_credential)")]
+    NoCredential,
+
+    #[error("no trust anchors: set the account API's credential keys first (Engine.set_trust_anchors)")]
+    NoTrustAnchors,
+
+    #[error("this agent's own credential cannot be used: {0}; renew it from the account API")]
+    OwnCredential(Box<EngineError>),
+
+    #[error("agent credential is for {what} {got:?}, not this agent's {want:?}")]
+    NotOurCredential {
+        what: &'static str,
+        got: String,
+        want: String,
+    },
 }
 
 fn list_or_none(items: &[String]) -> String {

@@ -5,14 +5,15 @@
 //! (`clear_pending_commit`, then `process` the winner and build again).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mls_rs::group::proposal::Proposal;
 use mls_rs::group::{CommitEffect, CommitMessageDescription, ReceivedMessage};
 use mls_rs::{Group, WireFormat};
 
-use crate::engine::{Config, MlsClient};
+use crate::engine::{Agent, Config, MlsClient};
 use crate::error::{EngineError, Result};
+use crate::identity::member_id_of;
 use crate::message::{expect_kind, is_commit, parse};
 
 pub type MlsGroup = Group<Config>;
@@ -55,6 +56,7 @@ pub enum Received {
 pub struct GroupHandle {
     group_id: Vec<u8>,
     client: MlsClient,
+    agent: Arc<Agent>,
     // None once this agent has been removed or the group was deleted.
     state: Mutex<Option<MlsGroup>>,
     // Messages processed with `save: false` and not written yet. Read and changed only
@@ -63,13 +65,9 @@ pub struct GroupHandle {
     unsaved: AtomicBool,
 }
 
+/// A member's id, `account || identity`, from the credential mls-rs validated.
 fn identity_of(member: &mls_rs::group::Member) -> Vec<u8> {
-    member
-        .signing_identity
-        .credential
-        .as_basic()
-        .map(|b| b.identifier.clone())
-        .unwrap_or_default()
+    member_id_of(&member.signing_identity.credential)
 }
 
 fn roster(group: &MlsGroup) -> Vec<(u32, Vec<u8>)> {
@@ -103,19 +101,31 @@ fn commit_info(desc: &CommitMessageDescription, before: &[(u32, Vec<u8>)]) -> Co
         info.epoch = e.epoch;
         for p in &e.applied_proposals {
             match &p.proposal {
-                Proposal::Add(add) => info.added.push(
-                    add.signing_identity()
-                        .credential
-                        .as_basic()
-                        .map(|b| b.identifier.clone())
-                        .unwrap_or_default(),
-                ),
+                Proposal::Add(add) => info.added.push(member_id_of(&add.signing_identity().credential)),
                 Proposal::Remove(rm) => info.removed.push(lookup(before, rm.to_remove())),
                 _ => {}
             }
         }
     }
     info
+}
+
+/// `identity@account-uuid` for error messages, as `AgentId` prints in Python: readable,
+/// and unambiguous across accounts.
+fn display_member(id: &[u8]) -> String {
+    if id.len() <= 16 {
+        return hex::encode(id);
+    }
+    let h = hex::encode(&id[..16]);
+    format!(
+        "{}@{}-{}-{}-{}-{}",
+        String::from_utf8_lossy(&id[16..]),
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 /// A message that passed the state-free checks, with what its processing needs.
@@ -162,10 +172,11 @@ fn apply_message(g: &mut MlsGroup, checked: Checked) -> Result<Received> {
 }
 
 impl GroupHandle {
-    pub(crate) fn new(client: MlsClient, group: MlsGroup) -> Self {
+    pub(crate) fn new(client: MlsClient, group: MlsGroup, agent: Arc<Agent>) -> Self {
         Self {
             group_id: group.group_id().to_vec(),
             client,
+            agent,
             state: Mutex::new(Some(group)),
             unsaved: AtomicBool::new(false),
         }
@@ -441,6 +452,23 @@ impl GroupHandle {
         }
     }
 
+    /// A commit builder whose commit also moves this agent's leaf to its current
+    /// credential when the leaf still carries an older one (a renewal). Fails while the
+    /// agent's credential is missing or not valid now: mls-rs would not check it.
+    fn commit_builder<'a>(&self, g: &'a mut MlsGroup) -> Result<mls_rs::group::CommitBuilder<'a, Config>> {
+        let current = self.agent.usable()?;
+        let stale = g
+            .current_member_signing_identity()
+            .map_err(|e| EngineError::mls("own leaf", e))?
+            != &current;
+        let builder = g.commit_builder().commit_time(mls_rs_core::time::MlsTime::now());
+        Ok(if stale {
+            builder.set_new_signing_identity(self.agent.secret_key.clone(), current)
+        } else {
+            builder
+        })
+    }
+
     fn finish_commit(g: &mut MlsGroup, out: mls_rs::group::CommitOutput) -> Result<PendingCommit> {
         // The pending commit is part of the stored state: a restart can still apply or clear it.
         g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
@@ -482,18 +510,13 @@ impl GroupHandle {
                 if got != want {
                     return Err(EngineError::KeyPackageSuite { got, want });
                 }
-                let id = kp
-                    .signing_identity()
-                    .credential
-                    .as_basic()
-                    .map(|b| b.identifier.clone())
-                    .unwrap_or_default();
+                let id = member_id_of(&kp.signing_identity().credential);
                 if members.iter().any(|(_, m)| *m == id) || seen.contains(&id) {
-                    return Err(EngineError::AlreadyMember(String::from_utf8_lossy(&id).into_owned()));
+                    return Err(EngineError::AlreadyMember(display_member(&id)));
                 }
                 seen.push(id);
             }
-            let mut builder = g.commit_builder();
+            let mut builder = self.commit_builder(g)?;
             for msg in parsed {
                 builder = builder
                     .add_member(msg)
@@ -516,12 +539,12 @@ impl GroupHandle {
             Self::ensure_no_pending(g)?;
             let members = roster(g);
             let me = g.current_member_index();
-            let mut builder = g.commit_builder();
+            let mut builder = self.commit_builder(g)?;
             for id in identities {
                 let (index, _) = members
                     .iter()
                     .find(|(_, m)| m == id)
-                    .ok_or_else(|| EngineError::NotAMember(String::from_utf8_lossy(id).into_owned()))?;
+                    .ok_or_else(|| EngineError::NotAMember(display_member(id)))?;
                 if *index == me {
                     return Err(EngineError::Mls {
                         op: "remove member",
@@ -553,12 +576,13 @@ impl GroupHandle {
         })
     }
 
-    /// An empty commit with an update path: fresh leaf keys for post-compromise security.
+    /// An empty commit with an update path: fresh leaf keys for post-compromise security,
+    /// and the agent's current credential in its leaf (how a renewal reaches a group).
     pub fn self_update(&self) -> Result<PendingCommit> {
         self.mutate(|g| {
             Self::ensure_no_pending(g)?;
-            let out = g
-                .commit_builder()
+            let out = self
+                .commit_builder(g)?
                 .build()
                 .map_err(|e| EngineError::mls("self-update commit", e))?;
             Self::finish_commit(g, out)

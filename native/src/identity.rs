@@ -25,6 +25,7 @@
 //! engine has to check its own credential before publishing or committing it.
 
 use std::error::Error as StdError;
+use std::sync::{Arc, RwLock};
 
 use mls_rs_core::error::IntoAnyError;
 use mls_rs_core::extension::ExtensionList;
@@ -64,27 +65,33 @@ impl IntoAnyError for SvcIdentityError {
     }
 }
 
-/// Validates agent credentials against the account API's issuer keys. Cloning shares
-/// the anchors.
+/// Validates agent credentials against the account API's issuer keys. Clones share the
+/// anchors, so replacing them (after the API rotated its key) reaches every group at once.
 #[derive(Clone, Debug)]
 pub struct SvcIdentityProvider {
-    anchors: TrustAnchors,
+    anchors: Arc<RwLock<TrustAnchors>>,
 }
 
 impl SvcIdentityProvider {
     pub fn new(anchors: TrustAnchors) -> Self {
-        Self { anchors }
+        Self {
+            anchors: Arc::new(RwLock::new(anchors)),
+        }
     }
 
-    pub fn anchors(&self) -> &TrustAnchors {
-        &self.anchors
+    pub fn anchors(&self) -> TrustAnchors {
+        self.anchors.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn set_anchors(&self, anchors: TrustAnchors) {
+        *self.anchors.write().unwrap_or_else(|p| p.into_inner()) = anchors;
     }
 }
 
 /// Decodes an agent credential without verifying it (no signature, no validity period):
 /// enough to name a member or compare two leaves; [`verify_mls_credential`] is what
 /// authenticates one, and mls-rs runs `validate_member` on every leaf before trusting it.
-fn decode(credential: &Credential) -> Result<AgentCredential, EngineError> {
+pub(crate) fn decode(credential: &Credential) -> Result<AgentCredential, EngineError> {
     match credential {
         Credential::Custom(custom) if custom.credential_type.raw_value() == SVC_CREDENTIAL_TYPE => {
             AgentCredential::from_bytes(&custom.data)
@@ -96,8 +103,14 @@ fn decode(credential: &Credential) -> Result<AgentCredential, EngineError> {
 }
 
 /// `account || identity`: the account is a fixed 16 bytes, so this is unambiguous.
-fn member_id(cred: &AgentCredential) -> Vec<u8> {
+pub(crate) fn member_id(cred: &AgentCredential) -> Vec<u8> {
     [cred.content.account.as_slice(), cred.content.identity.as_slice()].concat()
+}
+
+/// The member id of a leaf mls-rs has already validated; empty if it is not an agent
+/// credential (which the provider never admits).
+pub(crate) fn member_id_of(credential: &Credential) -> Vec<u8> {
+    decode(credential).map(|c| member_id(&c)).unwrap_or_default()
 }
 
 impl IdentityProvider for SvcIdentityProvider {
@@ -111,7 +124,7 @@ impl IdentityProvider for SvcIdentityProvider {
     ) -> Result<(), Self::Error> {
         verify_mls_credential(
             &signing_identity.credential,
-            &self.anchors,
+            &self.anchors(),
             Some(signing_identity.signature_key.as_bytes()),
             timestamp.map(|t| t.seconds_since_epoch()),
         )?;

@@ -4,7 +4,10 @@ use mls_rs::group::ContentType;
 use mls_rs::mls_rs_codec::MlsDecode;
 use mls_rs::{MlsMessage, MlsMessageDescription, WireFormat};
 
-use crate::engine::MessageInfo;
+use mls_rs::CryptoProvider;
+use mls_rs_core::identity::Credential;
+
+use crate::engine::{Crypto, KeyPackageInfo, MessageInfo};
 use crate::error::{EngineError, Result};
 
 pub fn wire_format_name(wf: WireFormat) -> &'static str {
@@ -49,19 +52,35 @@ pub fn info(msg: &MlsMessage) -> MessageInfo {
         ),
         _ => (msg.group_id().map(<[u8]>::to_vec), msg.epoch(), None),
     };
-    let identity = msg.as_key_package().map(|kp| {
-        kp.signing_identity()
-            .credential
-            .as_basic()
-            .map(|b| b.identifier.clone())
-            .unwrap_or_default()
+    let key_package = msg.as_key_package().map(|kp| {
+        let signing = kp.signing_identity();
+        let credential = match &signing.credential {
+            Credential::Custom(custom) => custom.data.clone(),
+            Credential::Basic(basic) => basic.identifier.clone(),
+            _ => Vec::new(),
+        };
+        let reference = Crypto::default()
+            .cipher_suite_provider(kp.cipher_suite)
+            .and_then(|cs| kp.to_reference(&cs).ok())
+            .map(|r| r.to_vec());
+        KeyPackageInfo {
+            credential_type: signing.credential.credential_type().raw_value(),
+            credential,
+            signature_key: signing.signature_key.to_vec(),
+            reference,
+        }
     });
     MessageInfo {
         wire_format: wire_format_name(msg.wire_format()),
         group_id,
         epoch,
         content_type,
-        identity,
+        key_package,
+        welcome_refs: msg
+            .welcome_key_package_references()
+            .into_iter()
+            .map(|r| r.to_vec())
+            .collect(),
     }
 }
 

@@ -125,6 +125,49 @@ impl PyEngine {
         py.allow_threads(|| self.inner.delete_group(group_id)).map_err(to_py)
     }
 
+    /// Replaces the issuer keys credentials are checked against (kid -> raw Ed25519
+    /// public key: the account API's /.well-known/svc-credential-keys.json), in every
+    /// open group too, and stores them in data_dir.
+    fn set_trust_anchors(&self, py: Python<'_>, anchors: HashMap<String, Vec<u8>>) -> PyResult<()> {
+        let anchors: Vec<(String, Vec<u8>)> = anchors.into_iter().collect();
+        py.allow_threads(|| self.inner.set_trust_anchors(anchors))
+            .map_err(to_py)
+    }
+
+    /// Key ids of the trust anchors in use, sorted.
+    #[getter]
+    fn trust_anchors(&self) -> Vec<String> {
+        self.inner.trust_anchors().kids()
+    }
+
+    /// Installs a credential from the account API once it checks out: valid now, signed
+    /// by a trust anchor, for this agent's identity and signature key (and the account of
+    /// the credential it replaces). Stored in data_dir.
+    fn install_credential(&self, py: Python<'_>, credential: &[u8]) -> PyResult<PyAgentCredentialInfo> {
+        py.allow_threads(|| self.inner.install_credential(credential))
+            .map(PyAgentCredentialInfo)
+            .map_err(to_py)
+    }
+
+    /// The installed credential (possibly expired since), or None.
+    #[getter]
+    fn credential(&self) -> Option<PyAgentCredentialInfo> {
+        self.inner.credential().map(PyAgentCredentialInfo)
+    }
+
+    /// `account (16 bytes) || identity`: how groups name this agent; None before a
+    /// credential is installed.
+    #[getter]
+    fn member_id<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.inner.member_id().map(|id| bytes(py, &id))
+    }
+
+    /// This agent's MLS signature public key.
+    #[getter]
+    fn signature_key<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        bytes(py, self.inner.signature_key())
+    }
+
     /// A credential request for `account` (16-byte UUID): (encoded request content, proof
     /// signed by this agent's MLS key) for the account API to verify before issuing.
     fn credential_request<'py>(
@@ -469,10 +512,39 @@ impl PyMessageInfo {
         self.0.content_type
     }
 
-    /// For a key package, the identity it was made for; else None.
+    /// For a key package: its credential type (0xF5C1 for an agent credential).
     #[getter]
-    fn identity<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        self.0.identity.as_deref().map(|i| bytes(py, i))
+    fn credential_type(&self) -> Option<u16> {
+        self.0.key_package.as_ref().map(|kp| kp.credential_type)
+    }
+
+    /// For a key package: its credential's data, not verified (for an agent credential,
+    /// the bytes `verify_agent_credential` takes).
+    #[getter]
+    fn credential<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.0.key_package.as_ref().map(|kp| bytes(py, &kp.credential))
+    }
+
+    /// For a key package: the signature key its leaf signs with.
+    #[getter]
+    fn signature_key<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.0.key_package.as_ref().map(|kp| bytes(py, &kp.signature_key))
+    }
+
+    /// For a key package: its KeyPackageRef (RFC 9420 §5.2), which Welcomes name it by.
+    #[getter]
+    fn key_package_ref<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.0
+            .key_package
+            .as_ref()
+            .and_then(|kp| kp.reference.as_deref())
+            .map(|r| bytes(py, r))
+    }
+
+    /// For a Welcome: the KeyPackageRefs of the key packages it is addressed to.
+    #[getter]
+    fn welcome_refs<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        self.0.welcome_refs.iter().map(|r| bytes(py, r)).collect()
     }
 
     fn __repr__(&self) -> String {

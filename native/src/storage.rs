@@ -66,7 +66,15 @@ impl IdentityStore {
                 cipher_suite INTEGER NOT NULL,
                 public_key BLOB NOT NULL,
                 secret_key BLOB NOT NULL
-            )",
+            );
+            CREATE TABLE IF NOT EXISTS svc_credential (
+                singleton INTEGER PRIMARY KEY CHECK (singleton = 1),
+                credential BLOB NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS svc_trust_anchor (
+                kid TEXT PRIMARY KEY,
+                key BLOB NOT NULL
+            );",
         )?;
         Ok(Self { conn })
     }
@@ -99,5 +107,49 @@ impl IdentityStore {
         )?;
         self.load()?
             .ok_or_else(|| EngineError::Storage("identity row vanished after insert".into()))
+    }
+}
+
+impl IdentityStore {
+    /// The agent credential last installed (encoded), if any.
+    pub fn credential(&self) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .conn
+            .query_row("SELECT credential FROM svc_credential WHERE singleton = 1", [], |row| {
+                row.get(0)
+            })
+            .optional()?)
+    }
+
+    pub fn set_credential(&self, credential: &[u8]) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO svc_credential (singleton, credential) VALUES (1, ?1)
+             ON CONFLICT (singleton) DO UPDATE SET credential = excluded.credential",
+            [credential],
+        )?;
+        Ok(())
+    }
+
+    /// The issuer keys last fetched from the account API, by kid.
+    pub fn anchors(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT kid, key FROM svc_trust_anchor ORDER BY kid")?;
+        let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        Ok(rows.collect::<std::result::Result<_, _>>()?)
+    }
+
+    /// Replaces the stored issuer keys in one transaction.
+    pub fn set_anchors(&mut self, anchors: &[(String, Vec<u8>)]) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute("DELETE FROM svc_trust_anchor", [])?;
+        for (kid, key) in anchors {
+            tx.execute(
+                "INSERT INTO svc_trust_anchor (kid, key) VALUES (?1, ?2)",
+                rusqlite::params![kid, key],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 }

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use _native::{Engine, EngineError, GroupHandle, Received};
 use tempfile::TempDir;
 
+mod common;
+
 struct Agent {
     _dir: TempDir,
     engine: Engine,
@@ -14,7 +16,7 @@ struct Agent {
 
 fn agent(name: &str) -> Agent {
     let dir = tempfile::tempdir().unwrap();
-    let engine = Engine::open(&dir.path().join("data"), name.as_bytes(), None).unwrap();
+    let engine = common::certified(&dir.path().join("data"), name.as_bytes(), None);
     Agent { _dir: dir, engine }
 }
 
@@ -34,6 +36,11 @@ fn group_of(creator: &Agent, others: &[&Agent]) -> Vec<Arc<GroupHandle>> {
     handles
 }
 
+/// How groups name a test agent: the test account, then the identity.
+fn mid(name: &str) -> Vec<u8> {
+    [common::ACCOUNT.as_slice(), name.as_bytes()].concat()
+}
+
 fn app_data(r: Received) -> (Vec<u8>, Vec<u8>) {
     match r {
         Received::Application { sender, data, .. } => (sender, data),
@@ -46,18 +53,12 @@ fn two_members_exchange_both_ways() {
     let (a, b) = (agent("alice"), agent("bob"));
     let g = group_of(&a, &[&b]);
     let ct = g[0].encrypt(b"hi bob", b"").unwrap();
-    assert_eq!(
-        app_data(g[1].process(&ct).unwrap()),
-        (b"alice".to_vec(), b"hi bob".to_vec())
-    );
+    assert_eq!(app_data(g[1].process(&ct).unwrap()), (mid("alice"), b"hi bob".to_vec()));
     let ct = g[1].encrypt(b"hi alice", b"").unwrap();
-    assert_eq!(
-        app_data(g[0].process(&ct).unwrap()),
-        (b"bob".to_vec(), b"hi alice".to_vec())
-    );
+    assert_eq!(app_data(g[0].process(&ct).unwrap()), (mid("bob"), b"hi alice".to_vec()));
     assert_eq!(g[0].epoch().unwrap(), g[1].epoch().unwrap());
     let ids: Vec<_> = g[1].members().unwrap().into_iter().map(|(_, id)| id).collect();
-    assert_eq!(ids, vec![b"alice".to_vec(), b"bob".to_vec()]);
+    assert_eq!(ids, vec![mid("alice"), mid("bob")]);
 }
 
 #[test]
@@ -74,9 +75,9 @@ fn three_members_all_decrypt() {
 fn removed_member_cannot_decrypt_and_forgets_group() {
     let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
     let g = group_of(&a, &[&b, &c]);
-    let pending = g[0].remove_members(&[b"bob".to_vec()]).unwrap();
+    let pending = g[0].remove_members(&[mid("bob")]).unwrap();
     let info = g[0].apply_pending_commit().unwrap();
-    assert_eq!(info.removed, vec![b"bob".to_vec()]);
+    assert_eq!(info.removed, vec![mid("bob")]);
     match g[1].process(&pending.commit).unwrap() {
         Received::Commit(c) => assert!(c.self_removed),
         other => panic!("unexpected {other:?}"),
@@ -156,14 +157,14 @@ fn state_survives_reopen() {
     let dir_a = tempfile::tempdir().unwrap();
     let b = agent("bob");
     let (commit_epoch, welcome) = {
-        let a = Engine::open(dir_a.path(), b"alice", None).unwrap();
+        let a = common::certified(dir_a.path(), b"alice", None);
         let g = a.create_group(b"g1").unwrap();
         let p = g.add_members(&[b.engine.generate_key_package().unwrap()]).unwrap();
         g.apply_pending_commit().unwrap();
         (g.epoch().unwrap(), p.welcome.unwrap())
     };
     let bob = b.engine.join_group(&welcome).unwrap();
-    let a = Engine::open(dir_a.path(), b"alice", None).unwrap();
+    let a = common::certified(dir_a.path(), b"alice", None);
     assert_eq!(a.group_ids().unwrap(), vec![b"g1".to_vec()]);
     let g = a.group(b"g1").unwrap();
     assert_eq!(g.epoch().unwrap(), commit_epoch);
@@ -174,15 +175,14 @@ fn state_survives_reopen() {
 #[test]
 fn welcome_for_key_package_made_before_restart() {
     let dir_b = tempfile::tempdir().unwrap();
-    let kp = Engine::open(dir_b.path(), b"bob", None)
-        .unwrap()
+    let kp = common::certified(dir_b.path(), b"bob", None)
         .generate_key_package()
         .unwrap();
     let a = agent("alice");
     let g = a.engine.create_group(b"g").unwrap();
     let p = g.add_members(&[kp]).unwrap();
     g.apply_pending_commit().unwrap();
-    let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
+    let bob = common::certified(dir_b.path(), b"bob", None);
     let gb = bob.join_group(&p.welcome.unwrap()).unwrap();
     assert_eq!(gb.epoch().unwrap(), g.epoch().unwrap());
 }
@@ -191,7 +191,7 @@ fn welcome_for_key_package_made_before_restart() {
 fn data_dir_is_private_and_bound_to_identity() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("agent");
-    Engine::open(&data, b"alice", None).unwrap();
+    common::certified(&data, b"alice", None);
     let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&data), 0o700);
     for entry in std::fs::read_dir(&data).unwrap() {
@@ -239,7 +239,7 @@ fn refused(result: Result<Engine, EngineError>, needle: &str) {
 #[test]
 fn one_process_at_a_time_per_data_dir() {
     let dir = tempfile::tempdir().unwrap();
-    let first = Engine::open(dir.path(), b"alice", None).unwrap();
+    let first = common::certified(dir.path(), b"alice", None);
     match Engine::open(dir.path(), b"alice", None) {
         Err(e @ EngineError::DataDirInUse { .. }) => {
             assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}")
@@ -248,9 +248,9 @@ fn one_process_at_a_time_per_data_dir() {
         Ok(_) => panic!("a second engine opened a data_dir in use"),
     }
     first.close();
-    let second = Engine::open(dir.path(), b"alice", None).unwrap();
+    let second = common::certified(dir.path(), b"alice", None);
     drop(second); // dropping releases it too
-    Engine::open(dir.path(), b"alice", None).unwrap();
+    common::certified(dir.path(), b"alice", None);
 }
 
 #[test]
@@ -259,7 +259,7 @@ fn data_dir_readable_by_others_is_refused_unless_empty() {
     let empty = dir.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     set_mode(&empty, 0o755);
-    Engine::open(&empty, b"alice", None).unwrap();
+    common::certified(&empty, b"alice", None);
     assert_eq!(std::fs::metadata(&empty).unwrap().permissions().mode() & 0o777, 0o700);
 
     set_mode(&empty, 0o750);
@@ -272,7 +272,7 @@ fn data_dir_readable_by_others_is_refused_unless_empty() {
         "mls.sqlite3 in it is readable by other users",
     );
     set_mode(&db, 0o600);
-    Engine::open(&empty, b"alice", None).unwrap();
+    common::certified(&empty, b"alice", None);
 
     let file = dir.path().join("file");
     std::fs::write(&file, b"").unwrap();
@@ -298,7 +298,7 @@ fn data_dir_of_another_user_is_refused() {
 
     // A private directory of ours with a planted file another user owns.
     let ours = dir.path().join("ours");
-    Engine::open(&ours, b"alice", None).unwrap();
+    common::certified(&ours, b"alice", None);
     let planted = ours.join("client.sqlite3");
     std::fs::write(&planted, b"").unwrap();
     set_mode(&planted, 0o600);
@@ -357,7 +357,7 @@ fn key_package_errors() {
     let (a, b) = (agent("alice"), agent("bob"));
     let g = a.engine.create_group(b"g").unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let p256 = Engine::open(dir.path(), b"carol", Some(2)).unwrap();
+    let p256 = common::certified(dir.path(), b"carol", Some(2));
     let other_suite = p256.generate_key_package().unwrap();
     assert!(matches!(
         g.add_members(&[other_suite]),
@@ -460,7 +460,7 @@ fn snapshot(dir: &std::path::Path) -> TempDir {
 /// three messages from Alice.
 fn alice_and_bob(dir_b: &std::path::Path) -> (Agent, Arc<GroupHandle>, Arc<GroupHandle>, Vec<Vec<u8>>) {
     let a = agent("alice");
-    let bob = Engine::open(dir_b, b"bob", None).unwrap();
+    let bob = common::certified(dir_b, b"bob", None);
     let g = a.engine.create_group(b"g").unwrap();
     let p = g.add_members(&[bob.generate_key_package().unwrap()]).unwrap();
     g.apply_pending_commit().unwrap();
@@ -489,14 +489,14 @@ fn unsaved_processing_reaches_disk_only_on_save() {
     assert_eq!(ok, vec![true, false, true, false, true]);
     // On disk nothing moved yet: a process that crashed now decrypts them again.
     let crashed = snapshot(dir_b.path());
-    let before = Engine::open(crashed.path(), b"bob", None).unwrap().group(b"g").unwrap();
+    let before = common::certified(crashed.path(), b"bob", None).group(b"g").unwrap();
     for (ct, text) in cts.iter().zip([b"m0", b"m1", b"m2"]) {
         assert_eq!(app_data(before.process(ct).unwrap()).1, text);
     }
     gb.save().unwrap();
     assert!(gb.process(&cts[0]).is_err(), "the keys are used");
     let saved = snapshot(dir_b.path());
-    let after = Engine::open(saved.path(), b"bob", None).unwrap().group(b"g").unwrap();
+    let after = common::certified(saved.path(), b"bob", None).group(b"g").unwrap();
     for ct in &cts {
         assert!(after.process(ct).is_err(), "saved: consumed keys stay consumed");
     }
@@ -505,7 +505,7 @@ fn unsaved_processing_reaches_disk_only_on_save() {
     assert!(gb.process_batch(&[&more[0]], false)[0].is_ok());
     gb.encrypt(b"reply", b"").unwrap();
     let written = snapshot(dir_b.path());
-    let later = Engine::open(written.path(), b"bob", None).unwrap().group(b"g").unwrap();
+    let later = common::certified(written.path(), b"bob", None).group(b"g").unwrap();
     assert!(later.process(&more[0]).is_err());
 }
 
@@ -531,7 +531,7 @@ fn batch_keeps_good_messages_around_a_bad_one() {
     );
     // The good messages were persisted: a fresh process cannot decrypt them a second time.
     drop(gb);
-    let bob = Engine::open(dir_b.path(), b"bob", None).unwrap();
+    let bob = common::certified(dir_b.path(), b"bob", None);
     let gb = bob.group(b"g").unwrap();
     for ct in &cts {
         assert!(
@@ -547,7 +547,7 @@ fn batch_with_commit_and_removal() {
     let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
     let g = group_of(&a, &[&b, &c]);
     let before = g[0].encrypt(b"before", b"").unwrap();
-    let removal = g[0].remove_members(&[b"bob".to_vec()]).unwrap();
+    let removal = g[0].remove_members(&[mid("bob")]).unwrap();
     g[0].apply_pending_commit().unwrap();
     let after = g[0].encrypt(b"after", b"").unwrap();
     let results = g[1].process_batch(&[&before, &removal.commit, &after], true);
@@ -570,7 +570,7 @@ fn leave_proposal_committed_by_another_member_removes_the_leaver() {
     // Any commit by a member carries the proposal along.
     let commit = g[0].self_update().unwrap();
     let info = g[0].apply_pending_commit().unwrap();
-    assert_eq!(info.removed, vec![b"carol".to_vec()]);
+    assert_eq!(info.removed, vec![mid("carol")]);
     g[1].process(&commit.commit).unwrap();
     match g[2].process(&commit.commit).unwrap() {
         Received::Commit(info) => assert!(info.self_removed),
@@ -586,5 +586,263 @@ fn inspect_names_the_identity_of_a_key_package() {
     let kp = a.engine.generate_key_package().unwrap();
     let info = _native::inspect(&kp).unwrap();
     assert_eq!(info.wire_format, "key_package");
-    assert_eq!(info.identity.as_deref(), Some(&b"alice"[..]));
+    let kp_info = info.key_package.expect("key package details");
+    assert_eq!(kp_info.credential_type, _native::credential::SVC_CREDENTIAL_TYPE);
+    let cred = _native::credential::AgentCredential::from_bytes(&kp_info.credential).unwrap();
+    assert_eq!(cred.content.identity, b"alice");
+    assert_eq!(cred.content.account, common::ACCOUNT);
+    assert_eq!(kp_info.signature_key, a.engine.signature_key());
+}
+
+// -- agent credentials in the engine ------------------------------------------------------
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A credential for `engine` with explicit fields, signed by `issuer`.
+fn credential(
+    issuer: &common::Issuer,
+    engine: &Engine,
+    account: [u8; 16],
+    identity: &[u8],
+    key: &[u8],
+    validity: (u64, u64),
+) -> Vec<u8> {
+    issuer
+        .credential(_native::credential::AgentCredentialContent {
+            issuer: issuer.kid.as_bytes().to_vec(),
+            account: account.to_vec(),
+            identity: identity.to_vec(),
+            cipher_suite: engine.cipher_suite(),
+            signature_key: key.to_vec(),
+            not_before: validity.0,
+            not_after: validity.1,
+        })
+        .to_bytes()
+        .unwrap()
+}
+
+fn bare(name: &str) -> (TempDir, Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(&dir.path().join("data"), name.as_bytes(), None).unwrap();
+    (dir, engine)
+}
+
+fn trust_test_issuer(engine: &Engine) {
+    let i = common::issuer();
+    engine
+        .set_trust_anchors(vec![(i.kid.clone(), i.public.to_vec())])
+        .unwrap();
+}
+
+#[test]
+fn nothing_is_made_without_anchors_and_a_credential() {
+    let (_d, e) = bare("alice");
+    assert!(matches!(e.generate_key_package(), Err(EngineError::NoCredential)));
+    assert!(matches!(e.create_group(b"g"), Err(EngineError::NoCredential)));
+    assert!(matches!(
+        e.install_credential(&common::credential_for(&e, common::ACCOUNT)),
+        Err(EngineError::NoTrustAnchors)
+    ));
+    trust_test_issuer(&e);
+    e.install_credential(&common::credential_for(&e, common::ACCOUNT))
+        .unwrap();
+    assert_eq!(e.member_id().unwrap(), mid("alice"));
+    e.generate_key_package().unwrap();
+}
+
+#[test]
+fn install_credential_refuses_what_is_not_ours_and_keeps_the_old_one() {
+    let (_d, e) = bare("alice");
+    trust_test_issuer(&e);
+    let key = e.signature_key().to_vec();
+    let t = now();
+    let good = (t - 10, t + 3600);
+    let i = common::issuer();
+    let foreign = common::Issuer::new("test-issuer"); // same kid, other key
+    let (_d2, other) = bare("bob");
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (
+            credential(&foreign, &e, common::ACCOUNT, b"alice", &key, good),
+            "signature check failed",
+        ),
+        (
+            credential(i, &e, common::ACCOUNT, b"alice", other.signature_key(), good),
+            "key substitution",
+        ),
+        (
+            credential(i, &e, common::ACCOUNT, b"mallory", &key, good),
+            "identity \"mallory\"",
+        ),
+        (
+            credential(i, &e, common::ACCOUNT, b"alice", &key, (t - 100, t - 50)),
+            "expired",
+        ),
+        (
+            credential(i, &e, common::ACCOUNT, b"alice", &key, (t + 10_000, t + 20_000)),
+            "not valid before",
+        ),
+        (b"garbage".to_vec(), "malformed agent credential"),
+    ];
+    for (bytes, want) in &cases {
+        let err = e.install_credential(bytes).unwrap_err().to_string();
+        assert!(err.contains(want), "{want:?} not in {err:?}");
+        assert!(e.credential().is_none());
+    }
+    e.install_credential(&common::credential_for(&e, common::ACCOUNT))
+        .unwrap();
+    // A renewal cannot move the agent to another account.
+    let err = e
+        .install_credential(&credential(i, &e, *b"another-account!", b"alice", &key, good))
+        .unwrap_err();
+    assert!(
+        matches!(err, EngineError::NotOurCredential { what: "account", .. }),
+        "{err}"
+    );
+    assert_eq!(e.member_id().unwrap(), mid("alice"));
+}
+
+#[test]
+fn an_expired_own_credential_blocks_commits_until_renewed_and_the_renewal_reaches_members() {
+    let (_da, a) = bare("alice");
+    trust_test_issuer(&a);
+    let key = a.signature_key().to_vec();
+    let t = now();
+    // Valid for two seconds: long enough to create the group and add bob.
+    a.install_credential(&credential(
+        common::issuer(),
+        &a,
+        common::ACCOUNT,
+        b"alice",
+        &key,
+        (t - 10, t + 2),
+    ))
+    .unwrap();
+    let b = agent("bob");
+    let g = a.create_group(b"renew").unwrap();
+    let p = g.add_members(&[b.engine.generate_key_package().unwrap()]).unwrap();
+    g.apply_pending_commit().unwrap();
+    let gb = b.engine.join_group(&p.welcome.unwrap()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(3100));
+
+    let err = g.self_update().unwrap_err();
+    assert!(
+        matches!(&err, EngineError::OwnCredential(inner) if matches!(**inner, EngineError::CredentialExpired { .. })),
+        "{err}"
+    );
+    assert!(matches!(a.generate_key_package(), Err(EngineError::OwnCredential(_))));
+    assert!(!g.has_pending_commit().unwrap());
+
+    // Renewed: the next commit carries the new credential, and bob accepts it.
+    let renewed = credential(
+        common::issuer(),
+        &a,
+        common::ACCOUNT,
+        b"alice",
+        &key,
+        (now() - 10, now() + 3600),
+    );
+    a.install_credential(&renewed).unwrap();
+    let update = g.self_update().unwrap();
+    g.apply_pending_commit().unwrap();
+    assert!(matches!(gb.process(&update.commit).unwrap(), Received::Commit(_)));
+    assert_eq!(
+        gb.members().unwrap().iter().map(|(_, m)| m.clone()).collect::<Vec<_>>(),
+        vec![mid("alice"), mid("bob")]
+    );
+    let ct = g.encrypt(b"after renewal", b"").unwrap();
+    assert_eq!(
+        app_data(gb.process(&ct).unwrap()),
+        (mid("alice"), b"after renewal".to_vec())
+    );
+
+    // A stale leaf is renewed by any commit, not only self_update: bob's credential in the
+    // group is his first one; after reinstalling, his removal-free add moves it too.
+    b.engine
+        .install_credential(&common::credential_for(&b.engine, common::ACCOUNT))
+        .unwrap();
+    let c = agent("carol");
+    let add = gb.add_members(&[c.engine.generate_key_package().unwrap()]).unwrap();
+    gb.apply_pending_commit().unwrap();
+    assert!(matches!(g.process(&add.commit).unwrap(), Received::Commit(_)));
+    c.engine.join_group(&add.welcome.unwrap()).unwrap();
+}
+
+#[test]
+fn a_group_holding_an_expired_leaf_stays_joinable() {
+    let a = agent("alice");
+    let (_dc, c) = bare("carol");
+    trust_test_issuer(&c);
+    let key = c.signature_key().to_vec();
+    let t = now();
+    c.install_credential(&credential(
+        common::issuer(),
+        &c,
+        common::ACCOUNT,
+        b"carol",
+        &key,
+        (t - 10, t + 2),
+    ))
+    .unwrap();
+    let g = a.engine.create_group(b"lapsed").unwrap();
+    let p = g.add_members(&[c.generate_key_package().unwrap()]).unwrap();
+    g.apply_pending_commit().unwrap();
+    c.join_group(&p.welcome.unwrap()).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(3100));
+    // Carol's credential has lapsed (she is offline); alice adds dave, who joins.
+    let d = agent("dave");
+    let p = g.add_members(&[d.engine.generate_key_package().unwrap()]).unwrap();
+    g.apply_pending_commit().unwrap();
+    let gd = d.engine.join_group(&p.welcome.unwrap()).unwrap();
+    assert_eq!(gd.members().unwrap().len(), 3);
+}
+
+#[test]
+fn key_packages_from_a_foreign_issuer_or_expired_are_refused_at_add() {
+    let a = agent("alice");
+    let g = a.engine.create_group(b"strict").unwrap();
+    // Mallory trusts her own issuer and holds a credential from it.
+    let (_dm, m) = bare("mallory");
+    let rogue = common::Issuer::new("rogue");
+    m.set_trust_anchors(vec![(rogue.kid.clone(), rogue.public.to_vec())])
+        .unwrap();
+    let t = now();
+    let key = m.signature_key().to_vec();
+    m.install_credential(&credential(
+        &rogue,
+        &m,
+        common::ACCOUNT,
+        b"mallory",
+        &key,
+        (t - 10, t + 3600),
+    ))
+    .unwrap();
+    let err = g
+        .add_members(&[m.generate_key_package().unwrap()])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("unknown key \"rogue\""), "{err}");
+    // A key package made while its credential was valid, offered after it expired.
+    let (_de, e) = bare("erin");
+    trust_test_issuer(&e);
+    let key = e.signature_key().to_vec();
+    e.install_credential(&credential(
+        common::issuer(),
+        &e,
+        common::ACCOUNT,
+        b"erin",
+        &key,
+        (t - 10, t + 2),
+    ))
+    .unwrap();
+    let kp = e.generate_key_package().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(3100));
+    let err = g.add_members(&[kp]).unwrap_err().to_string();
+    assert!(err.contains("expired"), "{err}");
+    assert_eq!(g.epoch().unwrap(), 0);
+    assert!(!g.has_pending_commit().unwrap());
 }

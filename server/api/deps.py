@@ -6,16 +6,17 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from ..auth.key_packages import CredentialKeys
 from ..config import Settings
 from ..db.models import utcnow
-from ..db.session import make_sessionmaker, open_database
-from ..services import api_keys
+from ..db.session import make_sessionmaker, open_database, transaction
+from ..services import api_keys, signing
 from ..services.ratelimit import RateLimits
 from ..services.signing import CREDENTIAL, SignerCache
 from .problems import ProblemError, rate_limited
@@ -53,9 +54,16 @@ class Services:
     rate_limits: RateLimits
     credential_signer: SignerCache
     last_used: LastUsedThrottle = field(init=False)
+    credential_keys: CredentialKeys = field(init=False)
 
     def __post_init__(self) -> None:
         self.last_used = LastUsedThrottle(self.settings.last_used_write_interval_seconds)
+
+        def published() -> dict[str, Any]:
+            with transaction(self.sessions) as session:
+                return signing.jwks(session, CREDENTIAL)
+
+        self.credential_keys = CredentialKeys(published)
 
     def lookup_connection(self) -> Connection:
         """A connection for single-statement reads on the hot path. On PostgreSQL it is in

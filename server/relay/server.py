@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..auth import Claims, TokenVerifier
+from ..auth.key_packages import CredentialKeys
 from ..config import Settings
 from ..db.session import make_sessionmaker, open_database, transaction
 from ..errors import StartupError
@@ -64,6 +65,19 @@ def make_verifier(settings: Settings, sessions: sessionmaker[Session]) -> TokenV
     return TokenVerifier(from_database, issuer=settings.issuer, audience=settings.audience)
 
 
+def make_credential_keys(settings: Settings, sessions: sessionmaker[Session]) -> CredentialKeys:
+    if settings.api_url:
+        return CredentialKeys.from_url(
+            settings.api_url.rstrip("/") + "/.well-known/svc-credential-keys.json"
+        )
+
+    def from_database() -> dict[str, Any]:
+        with transaction(sessions) as session:
+            return signing.jwks(session, signing.CREDENTIAL)
+
+    return CredentialKeys(from_database)
+
+
 def _check_port(host: str, port: int) -> None:
     """A taken port is our one-line error, not gRPC's C-core log line followed by ours:
     the same bind gRPC will do, tried first. (SO_REUSEADDR as gRPC sets it: a port left
@@ -113,7 +127,8 @@ async def start_relay(
     async def verify(token: str) -> Claims:
         return await asyncio.to_thread(verifier.verify, token)
 
-    relay = Relay(settings, make_store(settings), Access(sessions), verify, metrics)
+    keys = make_credential_keys(settings, sessions)
+    relay = Relay(settings, make_store(settings), Access(sessions), verify, keys, metrics)
     try:
         await relay.start()
     except Exception as exc:

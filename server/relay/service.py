@@ -16,6 +16,7 @@ from google.protobuf.message import DecodeError
 from svc_sdk._relay_pb import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
+from ..auth.key_packages import CredentialKeys
 from ..config import Settings
 from .access import Access
 from .hub import Hub
@@ -45,12 +46,14 @@ class Relay:
         store: LogStore,
         access: Access,
         verify: Callable[[str], Awaitable[Claims]],
+        credential_keys: CredentialKeys,
         metrics: RelayMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.access = access
         self.verify = verify
+        self.credential_keys = credential_keys
         self.metrics = metrics or RelayMetrics()
         self.hub = Hub()
         self.metrics.lagged.set_function(lambda: self.hub.lagged)
@@ -110,7 +113,7 @@ class Relay:
         # Tells the client the stream is accepted before it writes (RelayConnection.open).
         await context.send_initial_metadata(())
         session = StreamSession(self, claims, identity)
-        self.hub.connect(identity, session.outbox)
+        self.hub.connect(session.member, session.outbox)
         self.metrics.streams.inc()
         reader = asyncio.create_task(self._read(session, requests))
         session.watch_expiry()

@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from svc_sdk._native import MlsError, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.mls import MlsError, inspect
 from svc_sdk.names import is_valid_channel_name as valid_name
 
 from ..auth import Claims, InvalidToken
+from ..auth.key_packages import KeyPackageError
 from .hub import Outbox, Subscription, welcome_frame
 from .store import CommitRejected, CursorExpired, Entry
 
@@ -40,6 +41,8 @@ MAX_IN_FLIGHT = 1024
 MAX_UNREAD_REPLIES = 10_000
 # Messages in one Publish frame.
 MAX_PUBLISH_BATCH = 1024
+# Key packages one commit may add (each is verified before the commit is stored).
+MAX_JOINERS = 1000
 
 
 class RequestError(Exception):
@@ -60,6 +63,9 @@ class StreamSession:
         self.relay = relay
         self.claims = claims
         self.identity = identity
+        # Who this stream is: the token's account and the identity it claims, so one
+        # account's agents can never receive as, or speak as, another account's.
+        self.member = claims.account_id.bytes + identity
         self.outbox = Outbox(relay.settings.subscriber_buffer)
         self.subscriptions: dict[str, Subscription] = {}
         self.allowed: set[str] = set()
@@ -104,7 +110,7 @@ class StreamSession:
             task.cancel()
         for sub in list(self.subscriptions.values()):
             self._drop(sub)
-        self.relay.hub.disconnect(self.identity, self.outbox)
+        self.relay.hub.disconnect(self.member, self.outbox)
 
     # -- frames ------------------------------------------------------------------------
 
@@ -200,7 +206,7 @@ class StreamSession:
         # Reply follows when the messages are durable (pipelined publishes).
         await self._in_flight.acquire()
         stored = self.relay.store.append_many(
-            req.channel, self.identity, list(zip(req.message, epochs, strict=True))
+            req.channel, self.member, list(zip(req.message, epochs, strict=True))
         )
         metrics = self.relay.metrics
         metrics.application_messages.inc(count)
@@ -243,7 +249,7 @@ class StreamSession:
             # The Welcome goes to the connected identity: it must be the key package's.
             raise RequestError(DENIED, "the join request is for another agent identity")
         _, epoch = await self.relay.store.head(req.channel)
-        entry = await self.relay.store.append(req.channel, self.identity, key_package, epoch)
+        entry = await self.relay.store.append(req.channel, self.member, key_package, epoch)
         self.relay.metrics.messages.labels("join").inc()
         self.reply(request_id, seq=entry.seq)
 
@@ -256,15 +262,10 @@ class StreamSession:
             raise RequestError(INVALID, "Commit takes an MLS commit")
         if epoch != req.epoch:
             raise RequestError(INVALID, f"commit is for epoch {epoch}, the frame says {req.epoch}")
-        if req.welcome:
-            wire, _, _ = self._inspect(req.welcome, req.channel, "welcome")
-            if wire != "welcome" or not req.joiners:
-                raise RequestError(INVALID, "welcome must be an MLS Welcome and name its joiners")
-        if len(req.joiners) > 10_000 or any(not 0 < len(j) <= 1024 for j in req.joiners):
-            raise RequestError(INVALID, "joiners must be 1 to 1024-byte identities")
+        joiners = await self._joiners(req)
         try:
             entry = await self.relay.store.commit(
-                req.channel, self.identity, req.epoch, req.commit, req.welcome, list(req.joiners)
+                req.channel, self.member, req.epoch, req.commit, req.welcome, joiners
             )
         except CommitRejected as exc:
             self.relay.metrics.commit_rejections.inc()
@@ -273,12 +274,42 @@ class StreamSession:
         self.relay.metrics.bytes.inc(len(req.commit))
         self.reply(request_id, seq=entry.seq, epoch=entry.epoch + 1)
 
+    async def _joiners(self, req: pb.Commit) -> list[bytes]:
+        """Whom the commit's Welcome goes to: the verified owners of the key packages it
+        adds. Each key package's credential must check out, and the Welcome must be
+        addressed to exactly those key packages, so a Welcome reaches only an agent that
+        can use it and no committer can name recipients of its choosing."""
+        if not req.welcome:
+            if req.key_packages:
+                raise RequestError(INVALID, "key_packages without a welcome")
+            return []
+        if len(req.key_packages) > MAX_JOINERS:
+            raise RequestError(INVALID, f"a commit adds at most {MAX_JOINERS} key packages")
+        for i, kp in enumerate(req.key_packages):
+            self._check_size(kp, f"key package {i}")
+        try:
+            info = inspect(req.welcome)
+        except MlsError as exc:
+            raise RequestError(INVALID, f"welcome: {exc}") from None
+        if info.wire_format != "welcome":
+            raise RequestError(INVALID, f"welcome must be an MLS Welcome, not a {info.wire_format}")
+        keys = self.relay.credential_keys
+        try:
+            owners = await asyncio.to_thread(lambda: [keys.owner(kp) for kp in req.key_packages])
+        except KeyPackageError as exc:
+            raise RequestError(INVALID, f"key package refused: {exc}") from None
+        if sorted(o.reference for o in owners) != sorted(info.welcome_refs):
+            raise RequestError(
+                INVALID, "the welcome is not addressed to exactly the key packages sent with it"
+            )
+        return [o.member_id for o in owners]
+
     async def _on_subscribe(self, request_id: int, req: pb.Subscribe) -> None:
         await self._check_channel(req.channel)
         old = self.subscriptions.pop(req.channel, None)
         if old is not None:
             self._drop(old)
-        sub = Subscription(self.relay.hub, req.channel, self.identity, self.outbox, req.after_seq)
+        sub = Subscription(self.relay.hub, req.channel, self.member, self.outbox, req.after_seq)
         if self.relay.hub.add(sub):
             self.relay.store.watch(req.channel, req.after_seq)
         self.subscriptions[req.channel] = sub
@@ -335,7 +366,7 @@ class StreamSession:
         self.reply(request_id)
 
     async def send_pending_welcomes(self) -> None:
-        for w in await self.relay.store.welcomes(self.identity):
+        for w in await self.relay.store.welcomes(self.member):
             self.outbox.control(welcome_frame(w))
 
 

@@ -13,6 +13,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from svc_sdk.agent_id import AgentId
 from svc_sdk.channel import Channel, Message, MessageIterator
 from svc_sdk.client import SvcClient
 from svc_sdk.envelope import Envelope, Protocol
@@ -62,6 +63,7 @@ except PackageNotFoundError:  # running from a source tree without an install
 
 __all__ = [
     "AccessError",
+    "AgentId",
     "AuthError",
     "Channel",
     "ChannelClosedError",

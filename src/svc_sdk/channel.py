@@ -29,6 +29,7 @@ import grpc
 
 from svc_sdk._native import Group, MlsError, PendingCommit, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import ChannelClosedError, SvcError, TransportError, relay_error
 from svc_sdk.relay_client import RelayError
 
@@ -53,16 +54,18 @@ IDLE_FLUSH_SECONDS = 0.005  # a reader waiting this long records what it read
 
 # Which buffered messages a reader wants (adapters pick their protocol's envelopes).
 Accept = Callable[["Message"], bool]
-# A commit to send and the identities its Welcome is for.
+# A commit to send and the key packages it adds (the relay routes the Welcome to their
+# verified owners).
 Planned = tuple[PendingCommit, list[bytes]]
 
 
 class Message:
-    """A decrypted message: its position in the channel, the sender and the payload."""
+    """A decrypted message: its position in the channel, the payload, and ``sender``, the
+    :class:`AgentId` (account and identity) its verified credential names."""
 
     __slots__ = ("channel", "data", "sender", "seq")
 
-    def __init__(self, channel: str, seq: int, sender: bytes, data: bytes) -> None:
+    def __init__(self, channel: str, seq: int, sender: AgentId, data: bytes) -> None:
         self.channel = channel
         self.seq = seq
         self.sender = sender
@@ -126,7 +129,9 @@ class Channel:
         # Guards the queues below; never held while calling the engine or the relay.
         self._cond = threading.Condition()
         self._raw: deque[pb.Delivery] = deque()
-        self._plain: deque[Message] = deque(Message(name, *row) for row in inbox)
+        self._plain: deque[Message] = deque(
+            Message(name, seq, AgentId.from_member_id(sender), data) for seq, sender, data in inbox
+        )
         self._closed: SvcError | None = None
         # Sequence numbers read but not yet deleted from the inbox (see _mark_consumed).
         self._unflushed: list[int] = []
@@ -159,12 +164,13 @@ class Channel:
         self._check_open()
         return self._group.epoch
 
-    def members(self) -> list[bytes]:
-        """Identities of the current members, in leaf order."""
+    def members(self) -> list[AgentId]:
+        """The current members (account and identity, as their credentials say), in leaf
+        order."""
         with self._lock:
             self._check_open()
             self._drain_available()
-            return self._group.members()
+            return [AgentId.from_member_id(m) for m in self._group.members()]
 
     @property
     def closed(self) -> bool:
@@ -422,7 +428,7 @@ class Channel:
         """Processes deliveries in order. With ``reader`` (a reader is waiting, and none
         of the buffered messages is for it), returns the first ``limit`` messages it
         accepts instead of buffering and storing them."""
-        me = self._client.identity
+        me = self._client.member_id
         group = self._group
         run: list[pb.Delivery] = []
         received: list[Message] = []
@@ -441,7 +447,9 @@ class Channel:
                     log.debug("channel %s seq %d skipped: %s", self.name, item.seq, result)
                 elif result.kind == "application":
                     assert result.data is not None
-                    received.append(Message(self.name, item.seq, result.sender or b"", result.data))
+                    assert result.sender is not None
+                    sender = AgentId.from_member_id(result.sender)
+                    received.append(Message(self.name, item.seq, sender, result.data))
                 elif result.kind == "commit":
                     self._proposals = False
                     removed = removed or result.self_removed
@@ -487,7 +495,7 @@ class Channel:
             # Stored before the engine's state moves on on disk: a crash in between leaves
             # them decryptable again (the cursor has not moved), never lost.
             self._client.state.advance(
-                self.name, cursor, [(m.seq, m.sender, m.data) for m in received]
+                self.name, cursor, [(m.seq, m.sender.member_id, m.data) for m in received]
             )
             self._saved_cursor = cursor
         group.save()
@@ -508,18 +516,37 @@ class Channel:
         epoch first, that commit is processed and this one retried."""
         if not isinstance(key_package, bytes | bytearray | memoryview):
             raise TypeError(f"key_package must be bytes, not {type(key_package).__name__}")
-        info = inspect(bytes(key_package))
-        if info.wire_format != "key_package" or not info.identity:
+        kp = bytes(key_package)
+        info = inspect(kp)
+        if info.wire_format != "key_package":
             raise MlsError(f"MLS engine error: expected a key package, got a {info.wire_format}")
-        identity = info.identity
-        pending = self._commit(lambda: (self._group.add_members([bytes(key_package)]), [identity]))
+        pending = self._commit(lambda: (self._group.add_members([kp]), [kp]))
         assert pending is not None and pending.welcome is not None
         return pending.welcome
 
-    def remove_member(self, identity: bytes | str) -> None:
-        """Removes a member by identity; it can no longer read what is sent afterwards."""
-        ident = identity.encode() if isinstance(identity, str) else bytes(identity)
-        self._commit(lambda: (self._group.remove_members([ident]), []))
+    def remove_member(self, member: AgentId | bytes | str) -> None:
+        """Removes a member; it can no longer read what is sent afterwards. ``member`` is
+        an :class:`AgentId`, or an identity (bytes or str) that exactly one member has."""
+        member_id = self._member_id(member)
+        self._commit(lambda: (self._group.remove_members([member_id]), []))
+
+    def _member_id(self, member: AgentId | bytes | str) -> bytes:
+        if isinstance(member, AgentId):
+            return member.member_id
+        if isinstance(member, str):
+            member = member.encode()
+        if not isinstance(member, bytes | bytearray | memoryview):
+            raise TypeError(f"member must be an AgentId, bytes or str, not {type(member).__name__}")
+        identity = bytes(member)
+        found = [m for m in self.members() if m.identity == identity]
+        if len(found) > 1:
+            raise MlsError(
+                f"MLS engine error: {identity!r} names {len(found)} members of different "
+                f"accounts ({', '.join(map(str, found))}); pass the AgentId"
+            )
+        if not found:
+            raise MlsError(f"MLS engine error: {identity!r} is not a member of this channel")
+        return found[0].member_id
 
     def update_keys(self) -> None:
         """Refreshes this agent's keys (an MLS update): post-compromise security."""
@@ -568,7 +595,7 @@ class Channel:
                         epoch=pending.epoch,
                         commit=pending.commit,
                         welcome=pending.welcome or b"",
-                        joiners=joiners,
+                        key_packages=joiners,
                     )
                     try:
                         self._client.wait(
@@ -645,7 +672,7 @@ class Channel:
         while self._join_requests:
             who, kp = self._join_requests[0]
             try:
-                return self._group.add_members([kp]), [who]
+                return self._group.add_members([kp]), [kp]
             except MlsError as exc:
                 log.warning("channel %s: join request from %r dropped: %s", self.name, who, exc)
                 self._join_requests.pop(0)

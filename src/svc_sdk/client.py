@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Any, TypeVar, cast
 
 from svc_sdk._native import Engine, MlsError
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.agent_id import AgentId
 from svc_sdk.api_client import ApiClient
 from svc_sdk.channel import Channel
 from svc_sdk.errors import (
@@ -32,10 +34,15 @@ from svc_sdk.errors import (
 from svc_sdk.local_state import LocalState
 from svc_sdk.names import check_channel_name
 from svc_sdk.relay_client import RelayError
-from svc_sdk.relay_link import RelayLink, StaticToken, TokenSource
+from svc_sdk.relay_link import RelayLink
 
+log = logging.getLogger("svc_sdk")
 T = TypeVar("T")
 MAX_IDENTITY = 1024
+#: A credential is renewed when this fraction of its lifetime has passed.
+RENEW_AT = 0.75
+#: After a failed renewal, the next try.
+RENEW_RETRY_SECONDS = 30.0
 NO_API_KEY = "no API key: pass api_key (or set SVC_API_KEY, or run `svc signup`)"
 
 
@@ -53,9 +60,12 @@ class SvcClient:
     """An agent: its identity, its private ``data_dir`` and its channels.
 
     ``endpoint`` is the relay address, or several separated by commas (tried in turn
-    when one fails). With ``api_key`` the key is exchanged at once for a relay JWT at
-    ``api_url`` and again before each token expires. ``token`` passes a JWT directly
-    instead (it is not renewed).
+    when one fails). The ``api_key`` is exchanged at once for a relay JWT at ``api_url``
+    and again before each token expires. The client also gets the agent's credential
+    from the API (docs/security.md, "Agent credentials"): the statement, checked by every
+    member, that this MLS key belongs to this identity of this account. It is renewed
+    when three quarters of its lifetime have passed, and the renewal reaches every
+    channel by an update commit.
 
     Channels the agent is in are restored from ``data_dir`` and resume listening where
     they stopped. Close the client (or use it as a context manager) when done.
@@ -69,7 +79,6 @@ class SvcClient:
         api_key: str | None = None,
         api_url: str | None = None,
         *,
-        token: str | None = None,
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
         _api: ApiClient | None = None,
@@ -87,9 +96,9 @@ class SvcClient:
         self._channels: dict[str, Channel] = {}
         self._lock = threading.Lock()
         self._closed = False
-        tokens: TokenSource
+        self._stop = threading.Event()
         if _api is not None:  # the manager's, which already exchanged the key
-            self.api = tokens = _api
+            self.api = _api
         elif api_key:
             if not api_url:
                 raise AuthError("api_url is required when api_key is set")
@@ -99,20 +108,96 @@ class SvcClient:
             except BaseException:
                 self.api.close()
                 raise
-            tokens = self.api
-        elif token:
-            tokens = StaticToken(token)
         else:
             raise AuthError(NO_API_KEY)
         try:
             self.engine = Engine(Path(data_dir), identity)
+            renewed = self._ensure_credential()
             self.state = LocalState(self.engine.data_dir)
-            self.link = RelayLink(endpoints, identity, tokens)
+            self.link = RelayLink(endpoints, identity, self.api)
             self.link.start(connect_timeout)
             self._restore()
         except BaseException:
             self.close()
             raise
+        self._renewer = threading.Thread(
+            target=self._renew_loop, args=(renewed,), name="svc-credential", daemon=True
+        )
+        self._renewer.start()
+
+    # -- the agent credential ----------------------------------------------------------
+
+    @property
+    def agent_id(self) -> AgentId:
+        """This agent as channel members see it: its account and identity."""
+        return AgentId.from_member_id(self.member_id)
+
+    @property
+    def member_id(self) -> bytes:
+        member_id = self.engine.member_id
+        assert member_id is not None, "a client always holds a credential"
+        return member_id
+
+    def _renewal_due(self) -> float:
+        """When the installed credential should be replaced (epoch seconds)."""
+        cred = self.engine.credential
+        if cred is None:
+            return 0.0
+        return cred.not_before + (cred.not_after - cred.not_before) * RENEW_AT
+
+    def _ensure_credential(self) -> bool:
+        """Trusts the API's current credential keys, and gets a credential unless the one
+        in data_dir is still good for a while. True if a new one was installed."""
+        api = self._api()
+        self.engine.set_trust_anchors(api.credential_keys())
+        cred = self.engine.credential
+        if (
+            cred is not None
+            and time.time() < self._renewal_due()
+            and cred.issuer in self.engine.trust_anchors
+        ):
+            return False
+        self.engine.install_credential(api.agent_credential(self.engine))
+        return True
+
+    def renew_credential(self) -> None:
+        """Gets a new credential now and moves every channel's leaf to it (one update
+        commit per channel). The client does this by itself before expiry."""
+        self._check_open()
+        self._ensure_credential_now()
+        self._update_channels()
+
+    def _ensure_credential_now(self) -> None:
+        api = self._api()
+        self.engine.set_trust_anchors(api.credential_keys())
+        self.engine.install_credential(api.agent_credential(self.engine))
+
+    def _update_channels(self) -> None:
+        with self._lock:
+            channels = list(self._channels.values())
+        for channel in channels:
+            try:
+                channel.update_keys()
+            except (SvcError, MlsError) as exc:
+                if not self._closed:
+                    log.warning(
+                        "channel %s: renewed credential not committed yet: %s", channel.name, exc
+                    )
+
+    def _renew_loop(self, renewed_at_start: bool) -> None:
+        if renewed_at_start:
+            self._update_channels()  # leaves still carry the credential that lapsed
+        while not self._stop.wait(max(0.0, self._renewal_due() - time.time())):
+            try:
+                self._ensure_credential_now()
+            except (SvcError, MlsError) as exc:
+                log.warning(
+                    "credential renewal failed (%s); next try in %g s", exc, RENEW_RETRY_SECONDS
+                )
+                if self._stop.wait(RENEW_RETRY_SECONDS):
+                    return
+                continue
+            self._update_channels()
 
     # -- plumbing ----------------------------------------------------------------------
 
@@ -298,6 +383,7 @@ class SvcClient:
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
         with self._lock:
             channels = list(self._channels.values())
         for channel in channels:

@@ -36,7 +36,7 @@ def alice(rounds: int) -> None:
             for text in got:
                 print(f"received {text!r}", flush=True)
                 me.send(CHANNEL, f"re: {text}")
-        print(f"members: {', '.join(m.decode() for m in me.members(CHANNEL))}", flush=True)
+        print(f"members: {', '.join(m.identity.decode() for m in me.members(CHANNEL))}", flush=True)
 
 
 def bob(rounds: int, token: str) -> None:

@@ -17,6 +17,7 @@ import threading
 import time
 
 from svc_sdk import credentials
+from svc_sdk.agent_id import AgentId
 from svc_sdk.api_client import ApiClient
 from svc_sdk.channel import Accept, Channel, Message
 from svc_sdk.client import NO_API_KEY, SvcClient, parse_endpoints
@@ -200,14 +201,15 @@ class SvcChannelManager:
         share one channel between protocols)."""
         return self._drain(channel_name, timeout, accept)
 
-    def members(self, channel_name: str) -> list[bytes]:
-        """The identities of the channel's members, as this agent's MLS state has them."""
+    def members(self, channel_name: str) -> list[AgentId]:
+        """The channel's members (account and identity, from their verified
+        credentials), as this agent's MLS state has them."""
         return self._channel(channel_name).members()
 
-    def remove_member(self, channel_name: str, identity: bytes | str) -> None:
-        """Removes the member with this identity: a commit the relay must accept, after
-        which it can read nothing sent later."""
-        self._channel(channel_name).remove_member(identity)
+    def remove_member(self, channel_name: str, member: AgentId | bytes | str) -> None:
+        """Removes a member (an :class:`AgentId`, or an identity only one member has): a
+        commit the relay must accept, after which it can read nothing sent later."""
+        self._channel(channel_name).remove_member(member)
 
     def leave(self, channel_name: str) -> None:
         """Leaves the channel (another member commits the removal) and forgets it here."""

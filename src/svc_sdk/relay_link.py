@@ -64,22 +64,6 @@ class TokenSource(Protocol):
     def refresh_due(self) -> float: ...
 
 
-class StaticToken:
-    """A JWT given directly: no refresh (the stream ends when it expires)."""
-
-    def __init__(self, token: str) -> None:
-        self._token = token
-
-    def token(self) -> str:
-        return self._token
-
-    def refresh(self) -> str:
-        return self._token
-
-    def refresh_due(self) -> float:
-        return float("inf")
-
-
 @dataclass
 class _Sub:
     sink: Sink

@@ -32,8 +32,10 @@ from typing import Any
 import httpx
 
 from svc_sdk import credentials
+from svc_sdk.agent_credential import CREDENTIAL_LABEL, CredentialContent
 from svc_sdk.errors import InternalError
 from svc_sdk.manager import SvcChannelManager
+from svc_sdk.mls import Engine
 
 _ADDRESS = re.compile(r"^svc (account API|relay)\s+(https?://\S+)$")
 
@@ -191,3 +193,60 @@ def _drain(stream: Any) -> None:
     # Reads a child's pipe to the end so the child never blocks on a full pipe.
     for _ in stream:
         pass
+
+
+class LocalIssuer:
+    """Agent credentials signed in this process, standing in for the account API where
+    only the MLS engine is under test (engine tests, engine benchmarks). Agents that go
+    through a relay get theirs from a real API (``LocalStack``).
+
+    >>> issuer = LocalIssuer()
+    >>> alice = issuer.certify(Engine("/tmp/alice", b"alice"))    # doctest: +SKIP
+    >>> alice.member_id == issuer.account.bytes + b"alice"         # doctest: +SKIP
+    True
+    """
+
+    def __init__(self, kid: str = "local-issuer", account: uuid.UUID | None = None) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+        self.kid = kid
+        #: The account the credentials name unless told otherwise.
+        self.account = account or uuid.uuid4()
+        self._key = Ed25519PrivateKey.generate()
+        self.public_key = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+    @property
+    def anchors(self) -> dict[str, bytes]:
+        """What ``Engine.set_trust_anchors`` takes to trust this issuer."""
+        return {self.kid: self.public_key}
+
+    def credential(
+        self,
+        engine: Engine,
+        *,
+        account: uuid.UUID | None = None,
+        identity: bytes | None = None,
+        signature_key: bytes | None = None,
+        not_before: int | None = None,
+        not_after: int | None = None,
+    ) -> bytes:
+        """A credential for ``engine`` (its identity and key, valid for an hour from now);
+        each field can be overridden to make a bad one."""
+        now = int(time.time())
+        content = CredentialContent(
+            issuer=self.kid,
+            account=(account or self.account).bytes,
+            identity=engine.identity if identity is None else identity,
+            cipher_suite=engine.cipher_suite,
+            signature_key=engine.signature_key if signature_key is None else signature_key,
+            not_before=now if not_before is None else not_before,
+            not_after=now + 3600 if not_after is None else not_after,
+        )
+        return content.signed(self._key.sign(CREDENTIAL_LABEL + content.encode()))
+
+    def certify(self, engine: Engine, account: uuid.UUID | None = None) -> Engine:
+        """Trusts this issuer in ``engine`` and installs a credential for it."""
+        engine.set_trust_anchors(self.anchors)
+        engine.install_credential(self.credential(engine, account=account))
+        return engine

@@ -12,6 +12,7 @@ import pytest
 from svc_sdk.errors import InternalError
 from svc_sdk.mls import Engine, Group, MlsError
 
+from ..conftest import ISSUER
 from .helpers import make_group
 
 MakeEngine = Callable[..., Engine]
@@ -138,11 +139,17 @@ def test_key_package_garbage_and_duplicates(make_engine: MakeEngine, tmp_path: P
     with pytest.raises(MlsError, match=PREFIX + "malformed key package list"):
         alice.add_members([])
     # The same identity from a second data_dir: bob's agent reinstalled on another host.
-    bob_elsewhere = Engine(tmp_path / "bob-host2", b"bob")
-    with pytest.raises(MlsError, match=PREFIX + 'bad key package: "bob" is already a member'):
+    bob_elsewhere = ISSUER.certify(Engine(tmp_path / "bob-host2", b"bob"))
+    account = ISSUER.account
+    with pytest.raises(
+        MlsError, match=PREFIX + f'bad key package: "bob@{account}" is already a member'
+    ):
         alice.add_members([bob_elsewhere.generate_key_package()])
-    carol_1, carol_2 = Engine(tmp_path / "c1", b"carol"), Engine(tmp_path / "c2", b"carol")
-    with pytest.raises(MlsError, match=PREFIX + 'bad key package: "carol" is already a member'):
+    carol_1 = ISSUER.certify(Engine(tmp_path / "c1", b"carol"))
+    carol_2 = ISSUER.certify(Engine(tmp_path / "c2", b"carol"))
+    with pytest.raises(
+        MlsError, match=PREFIX + f'bad key package: "carol@{account}" is already a member'
+    ):
         alice.add_members([carol_1.generate_key_package(), carol_2.generate_key_package()])
     assert_unchanged(bob, alice, 1)
 
@@ -196,7 +203,7 @@ def test_engine_arguments(tmp_path: Path) -> None:
 
 def test_data_dir_permissions(tmp_path: Path) -> None:
     data_dir = tmp_path / "agent"
-    engine = Engine(data_dir, b"alice")
+    engine = ISSUER.certify(Engine(data_dir, b"alice"))
     engine.create_group(b"g").encrypt(b"x")
     assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
     files = list(data_dir.iterdir())

@@ -9,6 +9,7 @@ import pytest
 
 from svc_sdk.mls import Engine, MlsError, inspect
 
+from ..conftest import member_id
 from .helpers import make_group
 
 MakeEngine = Callable[[str], Engine]
@@ -19,12 +20,12 @@ def test_two_members_exchange_both_ways(make_engine: MakeEngine) -> None:
     received = bob.process(alice.encrypt(b"hello bob"))
     assert (received.kind, received.sender, received.data) == (
         "application",
-        b"alice",
+        member_id("alice"),
         b"hello bob",
     )
     received = alice.process(bob.encrypt(b"hello alice"))
-    assert (received.sender, received.data) == (b"bob", b"hello alice")
-    assert alice.members() == bob.members() == [b"alice", b"bob"]
+    assert (received.sender, received.data) == (member_id("bob"), b"hello alice")
+    assert alice.members() == bob.members() == [member_id("alice"), member_id("bob")]
     assert alice.epoch == bob.epoch == 1
 
 
@@ -43,33 +44,33 @@ def test_add_reports_who_joined(make_engine: MakeEngine) -> None:
     assert pending.epoch == 1 and pending.welcome is not None
     assert alice.has_pending_commit
     applied = alice.apply_pending_commit()
-    assert (applied.kind, applied.added, applied.epoch) == ("commit", [b"carol"], 2)
+    assert (applied.kind, applied.added, applied.epoch) == ("commit", [member_id("carol")], 2)
     seen = bob.process(pending.commit)
-    assert (seen.sender, seen.added, seen.epoch) == (b"alice", [b"carol"], 2)
+    assert (seen.sender, seen.added, seen.epoch) == (member_id("alice"), [member_id("carol")], 2)
 
 
 def test_removed_member_can_no_longer_decrypt(make_engine: MakeEngine) -> None:
     bob_engine = make_engine("bob")
     alice, bob, carol = make_group(make_engine("alice"), bob_engine, make_engine("carol"))
-    pending = alice.remove_members([b"bob"])
+    pending = alice.remove_members([member_id("bob")])
     alice.apply_pending_commit()
     outcome = bob.process(pending.commit)
-    assert outcome.self_removed and outcome.removed == [b"bob"]
-    assert carol.process(pending.commit).removed == [b"bob"]
+    assert outcome.self_removed and outcome.removed == [member_id("bob")]
+    assert carol.process(pending.commit).removed == [member_id("bob")]
     after = alice.encrypt(b"bob must not read this")
     with pytest.raises(MlsError, match="^MLS engine error: .*removed"):
         bob.process(after)
     assert bob_engine.group_ids() == []
     assert carol.process(after).data == b"bob must not read this"
-    assert alice.members() == [b"alice", b"carol"]
+    assert alice.members() == [member_id("alice"), member_id("carol")]
 
 
 def test_remove_unknown_or_self_is_an_error(make_engine: MakeEngine) -> None:
     alice, _ = make_group(make_engine("alice"), make_engine("bob"))
     with pytest.raises(MlsError, match="not a member"):
-        alice.remove_members([b"nobody"])
+        alice.remove_members([member_id("nobody")])
     with pytest.raises(MlsError, match="cannot remove itself"):
-        alice.remove_members([b"alice"])
+        alice.remove_members([member_id("alice")])
     assert not alice.has_pending_commit and alice.epoch == 1
 
 
@@ -78,7 +79,7 @@ def test_self_update_moves_everyone_to_next_epoch(make_engine: MakeEngine) -> No
     pending = bob.self_update()
     assert pending.welcome is None
     bob.apply_pending_commit()
-    assert alice.process(pending.commit).sender == b"bob"
+    assert alice.process(pending.commit).sender == member_id("bob")
     assert alice.epoch == bob.epoch == 2
     assert bob.process(alice.encrypt(b"fresh keys")).data == b"fresh keys"
 

@@ -9,6 +9,14 @@ from pathlib import Path
 
 from svc_sdk.mls import Engine
 
+from ..conftest import ISSUER, member_id
+
+
+def certified(data_dir: str | Path, identity: bytes) -> str:
+    """A data_dir holding a credential and the issuer's key, for another process to open."""
+    ISSUER.certify(Engine(data_dir, identity)).close()
+    return str(data_dir)
+
 
 def run_agent(code: str, *args: str) -> list[bytes]:
     """Runs ``code`` in a fresh interpreter; it prints hex lines, which are returned."""
@@ -21,7 +29,8 @@ def run_agent(code: str, *args: str) -> list[bytes]:
 
 
 def test_group_survives_restart_and_sigkill(tmp_path: Path) -> None:
-    alice_dir, bob_dir = str(tmp_path / "alice"), str(tmp_path / "bob")
+    alice_dir = certified(tmp_path / "alice", b"alice")
+    bob_dir = certified(tmp_path / "bob", b"bob")
     # Process 1: bob makes a key package and exits.
     (key_package,) = run_agent(
         "print(Engine(sys.argv[1], b'bob').generate_key_package().hex())", bob_dir
@@ -61,8 +70,8 @@ def test_group_survives_restart_and_sigkill(tmp_path: Path) -> None:
 
 
 def test_pending_commit_survives_restart(tmp_path: Path) -> None:
-    alice_dir = str(tmp_path / "alice")
-    bob = Engine(tmp_path / "bob", b"bob")
+    alice_dir = certified(tmp_path / "alice", b"alice")
+    bob = ISSUER.certify(Engine(tmp_path / "bob", b"bob"))
     (commit,) = run_agent(
         """
         group = Engine(sys.argv[1], b"alice").create_group(b"g")
@@ -74,5 +83,5 @@ def test_pending_commit_survives_restart(tmp_path: Path) -> None:
     group = Engine(alice_dir, b"alice").group(b"g")
     assert group.has_pending_commit
     # The relay's echo of the accepted commit applies it after the restart.
-    assert group.process(commit).added == [b"bob"]
+    assert group.process(commit).added == [member_id("bob")]
     assert group.epoch == 1

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from svc_sdk.mls import Engine, Group, MlsError, inspect
 
+from ..conftest import ISSUER, member_id
 from .helpers import make_group
 
 SETTINGS = settings(
@@ -20,7 +21,9 @@ SETTINGS = settings(
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Group, Group]:
     root: Path = tmp_path_factory.mktemp("prop")
-    alice, bob = make_group(Engine(root / "a", b"alice"), Engine(root / "b", b"bob"))
+    alice, bob = make_group(
+        ISSUER.certify(Engine(root / "a", b"alice")), ISSUER.certify(Engine(root / "b", b"bob"))
+    )
     return alice, bob
 
 
@@ -96,4 +99,8 @@ def test_join_and_add_with_arbitrary_bytes(pair: tuple[Group, Group], data: byte
 def test_round_trip_any_payload(pair: tuple[Group, Group], payload: bytes, aad: bytes) -> None:
     alice, bob = pair
     received = bob.process(alice.encrypt(payload, aad))
-    assert (received.data, received.authenticated_data, received.sender) == (payload, aad, b"alice")
+    assert (received.data, received.authenticated_data, received.sender) == (
+        payload,
+        aad,
+        member_id("alice"),
+    )

@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.api_client import ApiClient
 from svc_sdk.mls import Engine, Group
 from svc_sdk.relay_client import RelayConnection
+
+from ..conftest import ISSUER
 
 
 @dataclass
@@ -24,6 +27,13 @@ class Member:
     def identity(self) -> bytes:
         return self.name.encode()
 
+    @property
+    def member_id(self) -> bytes:
+        """How the group and the relay name this member: account, then identity."""
+        member_id = self.engine.member_id
+        assert member_id is not None
+        return member_id
+
     async def create(self, channel: str) -> None:
         await self.conn.request(create=pb.CreateChannel(channel=channel))
         self.group = self.engine.create_group(channel.encode())
@@ -36,14 +46,15 @@ class Member:
 
     async def add(self, channel: str, other: Member) -> None:
         assert self.group is not None
-        pending = self.group.add_members([other.engine.generate_key_package()])
+        key_package = other.engine.generate_key_package()
+        pending = self.group.add_members([key_package])
         reply = await self.conn.request(
             commit=pb.Commit(
                 channel=channel,
                 epoch=pending.epoch,
                 commit=pending.commit,
                 welcome=pending.welcome or b"",
-                joiners=[other.identity],
+                key_packages=[key_package],
             )
         )
         self.group.apply_pending_commit()
@@ -68,7 +79,7 @@ class Member:
         assert self.group is not None
         delivery = await asyncio.wait_for(self.conn.deliveries.get(), timeout)
         self.cursor = delivery.seq
-        while delivery.handshake and delivery.sender == self.identity:
+        while delivery.handshake and delivery.sender == self.member_id:
             # Own commits are echoed (already applied on the Reply): skip them.
             delivery = await asyncio.wait_for(self.conn.deliveries.get(), timeout)
             self.cursor = delivery.seq
@@ -78,5 +89,17 @@ class Member:
         return delivery
 
 
-def engine(root: Path, name: str) -> Engine:
-    return Engine(root / name, name.encode())
+def engine(root: Path, name: str, api: tuple[str, str] | None = None) -> Engine:
+    """An engine with a credential: from the account API at ``api`` (url, API key), as
+    the relay verifies key packages against it, else from the tests' local issuer (for
+    messages whose credentials the relay never sees)."""
+    made = Engine(root / name, name.encode())
+    if api is None:
+        return ISSUER.certify(made)
+    client = ApiClient(*api)
+    try:
+        made.set_trust_anchors(client.credential_keys())
+        made.install_credential(client.agent_credential(made))
+    finally:
+        client.close()
+    return made

@@ -74,11 +74,12 @@ async def test_relay_killed_and_restarted_loses_nothing(
     api_url, relay_url = f"http://127.0.0.1:{api_port}", f"127.0.0.1:{relay_port}"
     try:
         wait_healthy(api_url, proc)
-        _, token = signup(api_url, "ops@example.com")
+        key, token = signup(api_url, "ops@example.com")
+        api = (api_url, key)
         alice = Member(
-            "alice", engine(tmp_path, "alice"), RelayConnection(relay_url, token, b"alice")
+            "alice", engine(tmp_path, "alice", api), RelayConnection(relay_url, token, b"alice")
         )
-        bob = Member("bob", engine(tmp_path, "bob"), RelayConnection(relay_url, token, b"bob"))
+        bob = Member("bob", engine(tmp_path, "bob", api), RelayConnection(relay_url, token, b"bob"))
         await alice.conn.open()
         await bob.conn.open()
         await alice.create(CHANNEL)
@@ -126,14 +127,17 @@ async def test_two_relays_share_one_channel_through_redis(
         api_url, (a_port, b_port), relays = cluster.api_url, cluster.relay_ports, cluster.relays
         for port, proc in zip((a_port, b_port), relays, strict=True):
             await wait_grpc(f"127.0.0.1:{port}", proc)
-        _, token = signup(api_url, "scale@example.com")
+        key, token = signup(api_url, "scale@example.com")
+        api = (api_url, key)
         alice = Member(
             "alice",
-            engine(tmp_path, "alice"),
+            engine(tmp_path, "alice", api),
             RelayConnection(f"127.0.0.1:{a_port}", token, b"alice"),
         )
         bob = Member(
-            "bob", engine(tmp_path, "bob"), RelayConnection(f"127.0.0.1:{b_port}", token, b"bob")
+            "bob",
+            engine(tmp_path, "bob", api),
+            RelayConnection(f"127.0.0.1:{b_port}", token, b"bob"),
         )
         await alice.conn.open()
         await bob.conn.open()

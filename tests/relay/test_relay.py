@@ -25,7 +25,9 @@ INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
 
 
 async def member(stack: Stack, account: Account, root: Path, name: str) -> Member:
-    return Member(name, engine(root, name), await connect(stack, account, name.encode()))
+    # In a thread: the account API serves on this event loop.
+    made = await asyncio.to_thread(engine, root, name, (account.api_url, account.key))
+    return Member(name, made, await connect(stack, account, name.encode()))
 
 
 async def pair(stack: Stack, account: Account, root: Path) -> tuple[Member, Member]:
@@ -112,7 +114,8 @@ async def test_rejected_commit_welcome_is_never_delivered(
     await bob.conn.request(
         commit=pb.Commit(channel=CHANNEL, epoch=b_commit.epoch, commit=b_commit.commit)
     )
-    pending = alice.group.add_members([dave.engine.generate_key_package()])
+    key_package = dave.engine.generate_key_package()
+    pending = alice.group.add_members([key_package])
     rejected = await alice.conn.request(
         check=False,
         commit=pb.Commit(
@@ -120,7 +123,7 @@ async def test_rejected_commit_welcome_is_never_delivered(
             epoch=pending.epoch,
             commit=pending.commit,
             welcome=pending.welcome or b"",
-            joiners=[b"dave"],
+            key_packages=[key_package],
         ),
     )
     assert rejected.code == STALE

@@ -11,10 +11,12 @@ from typing import Any
 
 import httpx
 
+from svc_sdk.api_client import ApiClient
 from svc_sdk.mls import Engine
 from svc_server.db.session import make_engine, make_sessionmaker, transaction
 from svc_server.services import channels
 
+from ..conftest import ISSUER
 from ..support import RunningApi
 from .conftest import bearer, signup
 
@@ -30,9 +32,17 @@ def _register(api: RunningApi, owner: str) -> None:
         engine.dispose()
 
 
-def _kp(tmp_path: Any, name: str) -> str:
-    kp = Engine(tmp_path / name, name.encode()).generate_key_package()
-    return base64.b64encode(kp).decode()
+def _kp(api: RunningApi, key: str, tmp_path: Any, name: str) -> str:
+    """A key package of agent ``name`` of the account of API ``key``, with a credential
+    from the API, base64."""
+    engine = Engine(tmp_path / name, name.encode())
+    client = ApiClient(api.url, key)
+    try:
+        engine.set_trust_anchors(client.credential_keys())
+        engine.install_credential(client.agent_credential(engine))
+    finally:
+        client.close()
+    return base64.b64encode(engine.generate_key_package()).decode()
 
 
 def test_invite_lifecycle(api: RunningApi, http: httpx.Client, tmp_path: Any) -> None:
@@ -46,16 +56,17 @@ def test_invite_lifecycle(api: RunningApi, http: httpx.Client, tmp_path: Any) ->
     assert made.status_code == 201, made.text
     token = made.json()["token"]
     assert token.startswith("svc_inv_") and made.json()["max_uses"] == 2
-    body = {"channel": CHANNEL, "token": token, "key_package": _kp(tmp_path, "j1")}
+    jkey = joiner["api_key"]["key"]
+    body = {"channel": CHANNEL, "token": token, "key_package": _kp(api, jkey, tmp_path, "j1")}
     redeemed = http.post("/v1/invites/redeem", json=body, headers=other)
     assert redeemed.status_code == 201, redeemed.text
     assert redeemed.json()["identity"] == b"j1".hex()
     # The same agent again: no second use consumed, same join request.
     again = http.post("/v1/invites/redeem", json=body, headers=other)
     assert again.json()["join_id"] == redeemed.json()["join_id"]
-    second = {**body, "key_package": _kp(tmp_path, "j2")}
+    second = {**body, "key_package": _kp(api, jkey, tmp_path, "j2")}
     assert http.post("/v1/invites/redeem", json=second, headers=other).status_code == 201
-    third = {**body, "key_package": _kp(tmp_path, "j3")}
+    third = {**body, "key_package": _kp(api, jkey, tmp_path, "j3")}
     used_up = http.post("/v1/invites/redeem", json=third, headers=other)
     assert used_up.status_code == 410 and "no uses left" in used_up.json()["detail"]
     # The joiner's account may now use the channel.
@@ -72,8 +83,15 @@ def test_bad_redemptions(api: RunningApi, http: httpx.Client, tmp_path: Any) -> 
     token = http.post("/v1/invites", json={"channel": CHANNEL, "ttl": 1}, headers=own).json()[
         "token"
     ]
-    kp = _kp(tmp_path, "x")
+    kp = _kp(api, owner["api_key"]["key"], tmp_path, "x")
+    # A key package of another account's agent, and one whose credential no API issued.
+    stranger = signup(http, "stranger@example.com")["api_key"]["key"]
+    theirs = _kp(api, stranger, tmp_path, "theirs")
+    forged_engine = ISSUER.certify(Engine(tmp_path / "forged", b"forged"))
+    forged = base64.b64encode(forged_engine.generate_key_package()).decode()
     cases = [
+        ({"channel": CHANNEL, "token": token, "key_package": theirs}, 403),
+        ({"channel": CHANNEL, "token": token, "key_package": forged}, 422),
         ({"channel": CHANNEL, "token": "svc_inv_" + "A" * 43, "key_package": kp}, 404),
         ({"channel": "acme/ops/other", "token": token, "key_package": kp}, 404),
         ({"channel": CHANNEL, "token": "garbage", "key_package": kp}, 404),
@@ -100,11 +118,12 @@ def test_last_use_goes_to_exactly_one_of_racing_redeemers(
     api: RunningApi, http: httpx.Client, tmp_path: Any
 ) -> None:
     owner = signup(http, "o3@example.com")
-    own = bearer(owner["api_key"]["key"])
+    key = owner["api_key"]["key"]
+    own = bearer(key)
     _register(api, owner["account"]["id"])
     token = http.post("/v1/invites", json={"channel": CHANNEL}, headers=own).json()["token"]
     bodies = [
-        {"channel": CHANNEL, "token": token, "key_package": _kp(tmp_path, f"r{i}")}
+        {"channel": CHANNEL, "token": token, "key_package": _kp(api, key, tmp_path, f"r{i}")}
         for i in range(8)
     ]
     statuses: list[int] = []

@@ -34,3 +34,46 @@ fn ed25519() -> impl CipherSuiteProvider {
         .cipher_suite_provider(CipherSuite::CURVE25519_AES128)
         .unwrap()
 }
+
+/// The account every engine test agent belongs to.
+#[allow(dead_code)]
+pub const ACCOUNT: [u8; 16] = *b"test-account-01!";
+
+/// One issuer for the whole test binary, as one account API is for a deployment.
+#[allow(dead_code)]
+pub fn issuer() -> &'static Issuer {
+    static ISSUER: std::sync::OnceLock<Issuer> = std::sync::OnceLock::new();
+    ISSUER.get_or_init(|| Issuer::new("test-issuer"))
+}
+
+/// A credential from [`issuer`] for `engine`'s identity and key, valid for an hour.
+#[allow(dead_code)]
+pub fn credential_for(engine: &_native::Engine, account: [u8; 16]) -> Vec<u8> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    issuer()
+        .credential(AgentCredentialContent {
+            issuer: issuer().kid.as_bytes().to_vec(),
+            account: account.to_vec(),
+            identity: engine.identity().to_vec(),
+            cipher_suite: engine.cipher_suite(),
+            signature_key: engine.signature_key().to_vec(),
+            not_before: now - 60,
+            not_after: now + 3600,
+        })
+        .to_bytes()
+        .unwrap()
+}
+
+/// `Engine::open` plus what SvcClient does next: trust the issuer, install a credential.
+#[allow(dead_code)]
+pub fn certified(data_dir: &std::path::Path, identity: &[u8], suite: Option<u16>) -> _native::Engine {
+    let engine = _native::Engine::open(data_dir, identity, suite).unwrap();
+    engine
+        .set_trust_anchors(vec![(issuer().kid.clone(), issuer().public.to_vec())])
+        .unwrap();
+    engine.install_credential(&credential_for(&engine, ACCOUNT)).unwrap();
+    engine
+}

@@ -9,12 +9,11 @@ import binascii
 from fastapi import APIRouter, status
 from sqlalchemy.exc import IntegrityError
 
-from svc_sdk._native import MlsError, inspect
-
+from ...auth.key_packages import KeyPackageError
 from ...db.models import utcnow
 from ...db.session import transaction
 from ...services import invites
-from ..deps import CallerDep, ServicesDep
+from ..deps import Caller, CallerDep, Services, ServicesDep
 from ..problems import ProblemError, responses
 from ..schemas import InviteCreated, InviteCreateRequest, InviteRedeemRequest, JoinRequestOut
 
@@ -27,21 +26,26 @@ def _problem(exc: invites.InviteError) -> ProblemError:
     return ProblemError(_STATUS[exc.kind], str(exc), slug=f"invite-{exc.kind}")
 
 
-def _key_package(text: str) -> tuple[bytes, bytes]:
+def _key_package(text: str, caller: Caller, services: Services) -> tuple[bytes, bytes]:
+    """The key package and its agent identity, once its credential checks out and names
+    the caller's account: an account redeems invites for its own agents only."""
     try:
         data = base64.b64decode(text, validate=True)
-        info = inspect(data)
-    except (binascii.Error, ValueError, MlsError) as exc:
+    except (binascii.Error, ValueError) as exc:
         raise ProblemError(
-            422, f"key_package is not a base64 MLS key package: {exc}", slug="bad-key-package"
+            422, f"key_package is not base64: {exc}", slug="bad-key-package"
         ) from None
-    if info.wire_format != "key_package" or not info.identity:
+    try:
+        owner = services.credential_keys.owner(data)
+    except KeyPackageError as exc:
+        raise ProblemError(422, f"key_package: {exc}", slug="bad-key-package") from None
+    if owner.account != caller.account.id:
         raise ProblemError(
-            422,
-            f"key_package is an MLS {info.wire_format}, not a key package",
-            slug="bad-key-package",
+            403,
+            "key_package belongs to an agent of another account; redeem with your own agent's",
+            slug="wrong-account",
         )
-    return data, info.identity
+    return data, owner.identity
 
 
 @router.post(
@@ -74,7 +78,7 @@ def create_invite(
     "/redeem",
     status_code=status.HTTP_201_CREATED,
     response_model=JoinRequestOut,
-    responses=responses(400, 401, 404, 409, 410, 413, 422, 429),
+    responses=responses(400, 401, 403, 404, 409, 410, 413, 422, 429),
     summary="Redeem an invite with your key package; post the join request on the relay",
 )
 def redeem_invite(
@@ -82,7 +86,7 @@ def redeem_invite(
 ) -> JoinRequestOut:
     if not invites.is_well_formed(body.token):  # no database work for a garbled token
         raise _problem(invites.InviteError("not-found", "invite token is not valid"))
-    key_package, identity = _key_package(body.key_package)
+    key_package, identity = _key_package(body.key_package, caller, services)
     try:
         with transaction(services.sessions) as session:
             request = invites.redeem(

@@ -57,18 +57,18 @@ class Publish(_message.Message):
     def __init__(self, channel: _Optional[str] = ..., message: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Commit(_message.Message):
-    __slots__ = ("channel", "epoch", "commit", "welcome", "joiners")
+    __slots__ = ("channel", "epoch", "commit", "welcome", "key_packages")
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
-    JOINERS_FIELD_NUMBER: _ClassVar[int]
+    KEY_PACKAGES_FIELD_NUMBER: _ClassVar[int]
     channel: str
     epoch: int
     commit: bytes
     welcome: bytes
-    joiners: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, channel: _Optional[str] = ..., epoch: _Optional[int] = ..., commit: _Optional[bytes] = ..., welcome: _Optional[bytes] = ..., joiners: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    key_packages: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, channel: _Optional[str] = ..., epoch: _Optional[int] = ..., commit: _Optional[bytes] = ..., welcome: _Optional[bytes] = ..., key_packages: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Refresh(_message.Message):
     __slots__ = ("token",)

@@ -30,6 +30,7 @@ import anyio.to_thread
 
 from svc_sdk.adapters._reader import SLICE, EnvelopeReader
 from svc_sdk.adapters.content import MCP_TYPE, decode_jsonrpc
+from svc_sdk.agent_id import AgentId
 from svc_sdk.channel import Message
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError, SvcError
@@ -101,9 +102,9 @@ class Route:
     sender, so another member cannot answer or speak in a session not its own."""
 
     inbox: Inbox[Any] = field(default_factory=Inbox)
-    peer: bytes | None = None
+    peer: AgentId | None = None
 
-    def admits(self, sender: bytes) -> bool:
+    def admits(self, sender: AgentId) -> bool:
         if self.peer is None:
             self.peer = sender
         return self.peer == sender
@@ -118,7 +119,7 @@ class ServerSide:
     sessions: dict[str | None, Route] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)
 
-    def deliver(self, session: str | None, sender: bytes, item: Any, end: bool) -> None:
+    def deliver(self, session: str | None, sender: AgentId, item: Any, end: bool) -> None:
         route = self.sessions.get(session)
         if route is None:
             if end or (session is not None and session in self.ended):

@@ -87,8 +87,9 @@ class SvcA2AAdapter:
 
     def receive_messages(self, context_id: str, timeout: float = 5.0) -> list[dict[str, Any]]:
         """The context's A2A messages, oldest first, as dicts: messageId, contextId,
-        role, parts (as sent), taskId/metadata when set, and ``sender``: the identity
-        that MLS authenticated, which a member cannot forge. Waits up to ``timeout``
+        role, parts (as sent), taskId/metadata when set, and ``sender``: the
+        ``identity@account`` that the sender's verified credential names, which a member
+        cannot forge, with ``sender_account`` and ``sender_identity`` apart. Waits up to ``timeout``
         only when none is buffered; a malformed A2A payload is skipped."""
         name = self.channel_name(context_id)
         out = []
@@ -97,7 +98,9 @@ class SvcA2AAdapter:
                 fields = a2a_to_dict(decode_a2a(envelope.payload))
             except ValueError:
                 continue
-            fields["sender"] = message.sender.decode(errors="replace")
+            fields["sender"] = str(message.sender)
+            fields["sender_account"] = message.sender.account
+            fields["sender_identity"] = message.sender.identity.decode(errors="replace")
             out.append(fields)
         return out
 

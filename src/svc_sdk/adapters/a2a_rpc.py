@@ -46,6 +46,7 @@ from google.protobuf.message import Message as Proto
 from svc_sdk.adapters._reader import EnvelopeReader
 from svc_sdk.adapters.a2a import PROTOCOL_BINDING
 from svc_sdk.adapters.content import A2A_RPC_TYPE
+from svc_sdk.agent_id import AgentId
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError, TransportError
 from svc_sdk.manager import SvcChannelManager
@@ -267,11 +268,12 @@ def register_svc_transport(
 
 
 class SvcUser(User):
-    """The caller of a request that came over a channel: MLS authenticated its
-    identity, so it is an authenticated user."""
+    """The caller of a request that came over a channel: its credential, verified by
+    MLS, names its account and identity, so it is an authenticated user.
+    ``user_name`` is ``identity@account``; ``agent`` is the :class:`AgentId`."""
 
-    def __init__(self, identity: str) -> None:
-        self._identity = identity
+    def __init__(self, agent: AgentId) -> None:
+        self.agent = agent
 
     @property
     def is_authenticated(self) -> bool:
@@ -279,7 +281,7 @@ class SvcUser(User):
 
     @property
     def user_name(self) -> str:
-        return self._identity
+        return str(self.agent)
 
 
 def _task_or_missing(result: pb.Task | None) -> Proto:
@@ -362,16 +364,16 @@ class SvcA2AServer:
                 except ChannelClosedError as exc:
                     log.info("no longer serving %s: %s", channel, exc)
                     return
-                sender = message.sender.decode(errors="replace")
+                sender = message.sender
                 tg.start_soon(self._answer, channel, sender, envelope.payload)
 
-    async def _answer(self, channel: str, sender: str, payload: bytes) -> None:
+    async def _answer(self, channel: str, sender: AgentId, payload: bytes) -> None:
         try:
             await self._answer_one(channel, sender, payload)
         except (ChannelClosedError, TransportError) as exc:  # the answer cannot go out
             log.warning("A2A answer on %s not sent: %s", channel, exc)
 
-    async def _answer_one(self, channel: str, sender: str, payload: bytes) -> None:
+    async def _answer_one(self, channel: str, sender: AgentId, payload: bytes) -> None:
         try:
             frame = json.loads(payload)
         except (UnicodeDecodeError, json.JSONDecodeError):
