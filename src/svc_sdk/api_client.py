@@ -15,7 +15,14 @@ import httpx
 
 from svc_sdk import credentials
 from svc_sdk._native import Engine, verify_credential_request
-from svc_sdk.errors import AuthError, InternalError, InviteError, InviteReason, TransportError
+from svc_sdk.errors import (
+    AccessError,
+    AuthError,
+    InternalError,
+    InviteError,
+    InviteReason,
+    TransportError,
+)
 
 # Refresh when this share of the token's lifetime has passed (exchange again
 # before it expires, so a stream never sees an expired token).
@@ -50,8 +57,10 @@ class ApiClient:
             )
         except httpx.HTTPError as exc:
             raise TransportError(f"account API {self.api_url} unreachable: {exc}") from None
-        if response.status_code in (401, 403):
+        if response.status_code == 401:
             raise AuthError(f"API key rejected by {self.api_url}: {_detail(response)}")
+        if response.status_code == 403:  # a valid key asking for another account's agent
+            raise AccessError(f"refused by {self.api_url}: {_detail(response)}")
         if response.status_code >= 400:
             raise _error(response)
         try:

@@ -134,6 +134,8 @@ class SvcClient:
 
     @property
     def member_id(self) -> bytes:
+        """``account (16 bytes) || identity``: how MLS groups and the relay name this
+        agent (``agent_id`` in bytes)."""
         member_id = self.engine.member_id
         assert member_id is not None, "a client always holds a credential"
         return member_id

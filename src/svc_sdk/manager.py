@@ -98,6 +98,11 @@ class SvcChannelManager:
         for name in self.client.channels():
             self._listen(name)
 
+    @property
+    def agent_id(self) -> AgentId:
+        """This agent as channel members see it: its account and identity."""
+        return self.client.agent_id
+
     # -- listeners ---------------------------------------------------------------------
 
     def _listen(self, name: str) -> None:

@@ -67,7 +67,10 @@ def test_messages_in_a_context(stack: LocalStack, ids: Callable[[str], str]) -> 
     assert got["parts"] == parts
     assert got["messageId"] == message_id and got["contextId"] == ctx
     assert got["role"] == "agent"
-    assert got["sender"] == alice_m.identity.decode()  # authenticated by MLS, not claimed
+    # From the sender's verified credential, not claimed by the message.
+    assert got["sender"] == str(alice_m.agent_id)
+    assert got["sender_account"] == alice_m.agent_id.account
+    assert got["sender_identity"] == alice_m.identity.decode()
     bob.send_message(ctx, [{"kind": "text", "text": "booked"}], role="user")
     (reply,) = collect(lambda: alice.receive_messages(ctx, timeout=5.0), 1)
     assert reply["parts"] == [{"type": "text", "text": "booked"}] and reply["role"] == "user"
@@ -163,7 +166,7 @@ async def test_unmodified_a2a_client_talks_to_a_request_handler(
             message=Message(message_id="m1", role=Role.ROLE_USER, parts=[Part(text="hello")])
         )
         events = [event async for event in client.send_message(request)]
-        assert events[-1].message.parts[0].text == f"HELLO (from {caller_m.identity.decode()})"
+        assert events[-1].message.parts[0].text == f"HELLO (from {caller_m.agent_id})"
         with pytest.raises(TaskNotFoundError):
             await client.get_task(GetTaskRequest(id="no-such-task"))
         with pytest.raises(PushNotificationNotSupportedError):

@@ -106,10 +106,16 @@ def test_join_request_frames_are_checked(stack: LocalStack, channel_name: str, i
         owner.create_channel(channel_name)
         token = owner.invite(channel_name, max_uses=2)
         assert mallory.api is not None
-        # Redeemed with someone else's key package: the relay will not post it for mallory.
+        # Another account's agent's key package: the API refuses to take it from mallory.
         with client(stack, ids("victim")) as victim:
             victim_kp = victim.generate_key_package()
-        join_id = mallory.api.redeem_invite(channel_name, token, victim_kp)
+        with pytest.raises(AccessError, match="belongs to an agent of another account"):
+            mallory.api.redeem_invite(channel_name, token, victim_kp)
+        # Mallory's own other agent's key package: the relay will not post it for mallory.
+        with client(stack, ids("mallory2"), api_key=other_key) as mallory2:
+            join_id = mallory.api.redeem_invite(
+                channel_name, token, mallory2.generate_key_package()
+            )
 
         def post(join: str) -> RelayError:
             with pytest.raises(RelayError) as info:

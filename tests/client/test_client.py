@@ -31,7 +31,9 @@ def test_two_agents_exchange_both_ways(stack: LocalStack, channel_name: str, ids
         assert take(chan_a, 1) == [b"hello alice"]
         # Own messages are not echoed back.
         assert chan_a.next_message(0.3) is None
-        assert sorted(chan_a.members()) == sorted([ids("alice").encode(), ids("bob").encode()])
+        members = chan_a.members()
+        assert sorted(m.identity for m in members) == [ids("alice").encode(), ids("bob").encode()]
+        assert {m.account for m in members} == {ca.agent_id.account} == {cb.agent_id.account}
         assert chan_a.epoch == chan_b.epoch == 1
 
 
@@ -207,7 +209,7 @@ def test_remove_member_ends_its_iterator(stack: LocalStack, channel_name: str, i
         assert list(chan_b.messages(timeout=10)) == []  # ends: b was removed
         assert chan_b.closed and channel_name not in cb.channels()
         chan_a.send(b"after removal")
-        assert chan_a.members() == [ids("a").encode()]
+        assert chan_a.members() == [ca.agent_id]
 
 
 def test_leave_is_committed_by_another_member(
@@ -230,7 +232,7 @@ def test_leave_is_committed_by_another_member(
             stop.set()
             listener.join(5)
         assert chan_b.closed and cb.channels() == []
-        assert chan_a.members() == [ids("a").encode()]
+        assert chan_a.members() == [ca.agent_id]
 
 
 @pytest.mark.parametrize(

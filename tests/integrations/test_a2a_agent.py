@@ -118,7 +118,7 @@ async def test_a_caller_following_the_docs(
 
     factory = ClientFactory(ClientConfig(supported_protocol_bindings=["SVC"], streaming=False))
     register_svc_transport(factory, caller, channel)
-    assert await reply(factory.create(card)) == f"HI (to {caller.identity.decode()})"
+    assert await reply(factory.create(card)) == f"HI (to {caller.agent_id})"
 
 
 async def test_a2a_client_without_svc_uses_json_rpc(agent_url: str) -> None:
@@ -143,7 +143,7 @@ async def test_a2a_client_with_svc_prefers_it(
     factory = ClientFactory(config)
     register_svc_transport(factory, caller, channel)
     # Over JSON-RPC the echo could not know who asked; over svc MLS tells it.
-    assert await reply(factory.create(card)) == f"HI (to {caller.identity.decode()})"
+    assert await reply(factory.create(card)) == f"HI (to {caller.agent_id})"
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,7 @@ async def test_installed_agent_answers_over_svc_and_json_rpc(
     factory = ClientFactory(ClientConfig(supported_protocol_bindings=["SVC"], streaming=False))
     register_svc_transport(factory, caller, channel)
     for client, expected in [
-        (factory.create(card), f"HI (to {caller.identity.decode()})"),
+        (factory.create(card), f"HI (to {caller.agent_id})"),
         (ClientFactory(ClientConfig(streaming=False)).create(card), "HI (to anonymous)"),
     ]:
         events = [event async for event in client.send_message(request)]

@@ -48,7 +48,7 @@ def test_direct_calls(stack: LocalStack, channel_name: str, ids: Callable[[str],
     assert again == f"already in channel {channel_name!r}; the invite token was not used"
     alice["svc_send"].invoke({"channel": channel_name, "message": "hi bob"})
     got = json.loads(bob["svc_receive"].invoke({"channel": channel_name, "timeout": 10}))
-    assert got == [{"from": ids("alice"), "message": "hi bob"}]
+    assert got == [{"from": f"{ids('alice')}@{stack.account_id}", "message": "hi bob"}]
     assert (
         alice["svc_send_envelope"].invoke(
             {

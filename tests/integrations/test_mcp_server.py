@@ -80,7 +80,9 @@ async def test_two_mcp_servers_share_a_channel(
             await call(alice, "svc_send", channel=channel_name, message="over MCP, encrypted")
             # The client checks structuredContent against the declared output schema.
             got = await bob.call_tool("svc_receive", {"channel": channel_name, "timeout": 10})
-            expected = [{"from": ids("alice"), "message": "over MCP, encrypted"}]
+            expected = [
+                {"from": f"{ids('alice')}@{stack.account_id}", "message": "over MCP, encrypted"}
+            ]
             assert json.loads(text(got)) == expected
             assert got.structured_content == {"messages": expected}
             listed = await bob.call_tool("svc_list_channels", {})
