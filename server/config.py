@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     redis_url: str = Field("", description="Redis URL for shared rate limits (optional)")
     token_ttl_seconds: int = Field(900, ge=5, le=86_400, description="JWT lifetime")
     agent_credential_ttl_seconds: int = Field(
-        3 * 86_400, ge=60, le=30 * 86_400, description="Agent credential lifetime"
+        3 * 86_400, ge=10, le=30 * 86_400, description="Agent credential lifetime"
     )
     issuer: str = "svc-api"
     audience: str = "svc-relay"

@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -157,6 +158,8 @@ class SvcClient:
             cred is not None
             and time.time() < self._renewal_due()
             and cred.issuer in self.engine.trust_anchors
+            # Another account's key on this data_dir: the new credential is refused below.
+            and cred.account == uuid.UUID(api.account_id()).bytes
         ):
             return False
         self.engine.install_credential(api.agent_credential(self.engine))

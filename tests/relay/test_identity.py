@@ -1,0 +1,95 @@
+"""The relay knows which verified agent each stream is: an (account, identity) pair. A
+Welcome reaches only the verified owner of a key package it is addressed to."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_server.stack import Stack
+
+from ..conftest import ISSUER
+from .conftest import Account, connect, new_account
+from .helpers import Member, engine
+
+pytestmark = pytest.mark.anyio
+CHANNEL = "acme/identity/check"
+INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+
+
+async def member(stack: Stack, account: Account, root: Path, name: str, dirname: str) -> Member:
+    # In a thread: the account API serves on this event loop.
+    made = await asyncio.to_thread(engine, root / dirname, name, (account.api_url, account.key))
+    return Member(name, made, await connect(stack, account, name.encode()))
+
+
+async def test_a_welcome_goes_only_to_the_key_packages_owner(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    other = await new_account(stack.api_url, "other@example.com")
+    alice = await member(stack, account, tmp_path, "alice", "a")
+    bob = await member(stack, account, tmp_path, "bob", "b")
+    # Another account's agent that chose the same identity, connected before the commit.
+    impostor = await member(stack, other, tmp_path, "bob", "impostor")
+    await alice.create(CHANNEL)
+    await alice.add(CHANNEL, bob)
+    await bob.join(CHANNEL)
+    await asyncio.sleep(0.3)
+    assert impostor.conn.welcomes.empty()
+    # Messages carry the stream's verified pair, not the bare identity.
+    seq = await alice.send(CHANNEL, "hi")
+    delivery = await bob.next()
+    assert delivery.seq == seq and delivery.sender == alice.member_id
+    assert alice.member_id == bytes.fromhex(account.account_id.replace("-", "")) + b"alice"
+    for m in (alice, bob, impostor):
+        await m.conn.close()
+
+
+async def test_commits_whose_welcome_does_not_match_its_key_packages_are_refused(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    alice = await member(stack, account, tmp_path, "alice", "a")
+    bob = await member(stack, account, tmp_path, "bob", "b")
+    carol = await member(stack, account, tmp_path, "carol", "c")
+    await alice.create(CHANNEL)
+    assert alice.group is not None
+    bob_kp = bob.engine.generate_key_package()
+    carol_kp = carol.engine.generate_key_package()
+    # A key package whose credential no API issued (the tests' local issuer).
+    forged_kp = ISSUER.certify(engine(tmp_path / "f", "bob")).generate_key_package()
+    pending = alice.group.add_members([bob_kp])
+    assert pending.welcome is not None
+
+    def commit(**fields: object) -> pb.Commit:
+        base: dict[str, object] = {
+            "channel": CHANNEL,
+            "epoch": pending.epoch,
+            "commit": pending.commit,
+            "welcome": pending.welcome,
+            "key_packages": [bob_kp],
+        }
+        return pb.Commit(**{**base, **fields})  # type: ignore[arg-type]
+
+    cases = [
+        (commit(key_packages=[]), "not addressed to exactly"),
+        (commit(key_packages=[carol_kp]), "not addressed to exactly"),
+        (commit(key_packages=[bob_kp, carol_kp]), "not addressed to exactly"),
+        (commit(key_packages=[forged_kp]), "unknown key"),
+        (commit(key_packages=[b"\x00\x01junk"]), "key package refused"),
+        (commit(welcome=b""), "key_packages without a welcome"),
+        (commit(welcome=pending.commit), "must be an MLS Welcome"),
+    ]
+    for frame, message in cases:
+        reply = await alice.conn.request(check=False, commit=frame)
+        assert reply.code == INVALID and message in reply.message, (message, reply)
+    # Nothing was stored: the honest commit for the same epoch is accepted.
+    reply = await alice.conn.request(commit=commit())
+    alice.group.apply_pending_commit()
+    await bob.join(CHANNEL)
+    assert carol.conn.welcomes.empty()
+    for m in (alice, bob, carol):
+        await m.conn.close()
