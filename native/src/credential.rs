@@ -325,6 +325,19 @@ pub fn verify_credential(
     expected_signature_key: Option<&[u8]>,
     now: Option<u64>,
 ) -> EngineResult<AgentCredential> {
+    let (cred, issuer_key) = check_unsigned(bytes, anchors, expected_signature_key, now)?;
+    check_signature(&cred, &issuer_key)?;
+    Ok(cred)
+}
+
+/// Every check of [`verify_credential`] but the issuer's signature; returns the issuer key
+/// that signature must verify under (see [`verify_signatures`]).
+pub fn check_unsigned(
+    bytes: &[u8],
+    anchors: &TrustAnchors,
+    expected_signature_key: Option<&[u8]>,
+    now: Option<u64>,
+) -> EngineResult<(AgentCredential, SignaturePublicKey)> {
     let cred = AgentCredential::from_bytes(bytes)?;
     let content = &cred.content;
     let kid = content.issuer_kid();
@@ -332,9 +345,6 @@ pub fn verify_credential(
         kid: kid.clone(),
         trusted: anchors.kids(),
     })?;
-    suite_provider(ISSUER_SUITE.into())?
-        .verify(issuer_key, &cred.signature, &content.signed_data()?)
-        .map_err(|_| EngineError::CredentialSignature { kid })?;
     if let Some(expected) = expected_signature_key {
         if expected != content.signature_key.as_slice() {
             return Err(EngineError::CredentialKeyMismatch {
@@ -357,7 +367,68 @@ pub fn verify_credential(
             });
         }
     }
-    Ok(cred)
+    Ok((cred, issuer_key.clone()))
+}
+
+fn check_signature(cred: &AgentCredential, issuer_key: &SignaturePublicKey) -> EngineResult<()> {
+    suite_provider(ISSUER_SUITE.into())?
+        .verify(issuer_key, &cred.signature, &cred.content.signed_data()?)
+        .map_err(|_| EngineError::CredentialSignature {
+            kid: cred.content.issuer_kid(),
+        })
+}
+
+/// Below this many credentials, one-by-one verification is as fast as a batch.
+const BATCH_MIN: usize = 8;
+
+/// Verifies the issuer signatures of many credentials that passed [`check_unsigned`],
+/// e.g. every leaf of a ratchet tree on join. Ed25519 batch verification (about twice the
+/// speed of one-by-one), split across the cores; if a batch fails, its credentials are
+/// checked one by one so the error names the bad one.
+///
+/// A batch accepts what one-by-one verification accepts; it may also accept a malleated
+/// copy of a valid signature (a different encoding of the same statement by the same
+/// issuer), which binds nothing new.
+pub fn verify_signatures(items: &[(AgentCredential, SignaturePublicKey)]) -> EngineResult<()> {
+    if items.len() < BATCH_MIN {
+        return items.iter().try_for_each(|(c, k)| check_signature(c, k));
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    let chunk = items.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = items
+            .chunks(chunk)
+            .map(|part| scope.spawn(move || verify_batch(part)))
+            .collect();
+        workers.into_iter().try_for_each(|w| {
+            w.join().unwrap_or_else(|_| {
+                Err(EngineError::Malformed {
+                    what: "agent credential",
+                    detail: "signature check panicked".into(),
+                })
+            })
+        })
+    })
+}
+
+fn verify_batch(items: &[(AgentCredential, SignaturePublicKey)]) -> EngineResult<()> {
+    let prepared: Option<Vec<_>> = items
+        .iter()
+        .map(|(cred, key)| {
+            let key = ed25519_dalek::VerifyingKey::try_from(key.as_bytes()).ok()?;
+            let sig = ed25519_dalek::Signature::from_slice(&cred.signature).ok()?;
+            Some((cred.content.signed_data().ok()?, sig, key))
+        })
+        .collect();
+    if let Some(prepared) = prepared {
+        let messages: Vec<&[u8]> = prepared.iter().map(|(m, _, _)| m.as_slice()).collect();
+        let signatures: Vec<_> = prepared.iter().map(|(_, s, _)| *s).collect();
+        let keys: Vec<_> = prepared.iter().map(|(_, _, k)| *k).collect();
+        if ed25519_dalek::verify_batch(&messages, &signatures, &keys).is_ok() {
+            return Ok(());
+        }
+    }
+    items.iter().try_for_each(|(c, k)| check_signature(c, k))
 }
 
 /// [`verify_credential`] for a credential as it appears in an MLS leaf or key package:

@@ -24,6 +24,7 @@ use crate::group::GroupHandle;
 use crate::identity::{member_id, SvcIdentityProvider};
 use crate::message::{expect_kind, parse};
 use crate::storage::{self, IdentityStore, StoredIdentity};
+use mls_rs_core::error::IntoAnyError;
 
 /// The crypto provider, chosen by measurement (docs/performance.md).
 pub type Crypto = mls_rs_crypto_awslc::AwsLcCryptoProvider;
@@ -372,9 +373,19 @@ impl Engine {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         // No time: every leaf's issuer, signature and key are checked, not its validity
         // period, so a member whose credential lapsed while offline cannot block joins.
-        let (mut group, _info) = client.join_group(None, &msg, None).map_err(|e| match e {
+        // The tree's issuer signatures are checked in one batch after mls-rs has walked it
+        // (a join re-validates every leaf: at 1,000 members, one by one would double its
+        // cost); the group is used and stored only if they all hold.
+        let (joined, signatures) = self.agent.provider.joining(|| client.join_group(None, &msg, None));
+        let (mut group, _info) = joined.map_err(|e| match e {
             mls_rs::error::MlsError::WelcomeKeyPackageNotFound => EngineError::WelcomeNotForUs,
             e => EngineError::mls("join from Welcome", e),
+        })?;
+        signatures.map_err(|e| {
+            EngineError::mls(
+                "join from Welcome",
+                mls_rs::error::MlsError::IdentityProviderError(e.into_any_error()),
+            )
         })?;
         let id = group.group_id().to_vec();
         if groups.contains_key(&id) || self.stored(&id)? {

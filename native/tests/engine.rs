@@ -846,3 +846,100 @@ fn key_packages_from_a_foreign_issuer_or_expired_are_refused_at_add() {
     assert_eq!(g.epoch().unwrap(), 0);
     assert!(!g.has_pending_commit().unwrap());
 }
+
+/// A forger's client: accepts every credential, so it builds trees an honest member would
+/// refuse. Its own credential is a real one from the test issuer.
+fn forger_client(name: &str) -> mls_rs::Client<impl mls_rs::client_builder::MlsConfig> {
+    use mls_rs::mls_rules::{CommitOptions, DefaultMlsRules};
+    use mls_rs::CryptoProvider;
+    let (secret, public) = mls_rs_crypto_awslc::AwsLcCryptoProvider::default()
+        .cipher_suite_provider(mls_rs::CipherSuite::CURVE25519_AES128)
+        .unwrap()
+        .signature_key_generate()
+        .unwrap();
+    use mls_rs::CipherSuiteProvider;
+    let t = now();
+    let content = _native::credential::AgentCredentialContent {
+        issuer: common::issuer().kid.as_bytes().to_vec(),
+        account: common::ACCOUNT.to_vec(),
+        identity: name.as_bytes().to_vec(),
+        cipher_suite: 1,
+        signature_key: public.to_vec(),
+        not_before: t - 10,
+        not_after: t + 3600,
+    };
+    // A name with "forged" in it gets a credential signed by a key that is not the issuer's.
+    let signer = if name.contains("forged") {
+        common::Issuer::new("test-issuer")
+    } else {
+        common::Issuer {
+            kid: common::issuer().kid.clone(),
+            secret: common::issuer().secret.clone(),
+            public: common::issuer().public.clone(),
+        }
+    };
+    let credential = signer.credential(content).to_mls_credential().unwrap();
+    let anchors =
+        _native::TrustAnchors::new([(common::issuer().kid.clone(), common::issuer().public.to_vec())]).unwrap();
+    mls_rs::client_builder::ClientBuilder::new()
+        .mls_rules(DefaultMlsRules::new().with_commit_options(CommitOptions::new().with_ratchet_tree_extension(true)))
+        .crypto_provider(mls_rs_crypto_awslc::AwsLcCryptoProvider::default())
+        .identity_provider(common::AcceptAll(_native::SvcIdentityProvider::new(anchors)))
+        .signing_identity(
+            mls_rs::identity::SigningIdentity::new(credential, public),
+            secret,
+            mls_rs::CipherSuite::CURVE25519_AES128,
+        )
+        .build()
+}
+
+/// A Welcome from a forger's group of `size`, one member of which ("forged") holds a
+/// credential the issuer never signed, for `victim`'s key package.
+fn forged_welcome(victim: &Engine, size: usize, forged: bool) -> Vec<u8> {
+    use mls_rs::mls_rs_codec::MlsDecode;
+    use mls_rs::ExtensionList;
+    let forger = forger_client("forger");
+    let mut group = forger
+        .create_group(ExtensionList::new(), ExtensionList::new(), None)
+        .unwrap();
+    let mut builder = group.commit_builder();
+    for i in 0..size {
+        let name = if forged && i == size / 2 {
+            format!("forged{i}")
+        } else {
+            format!("m{i}")
+        };
+        let kp = forger_client(&name)
+            .generate_key_package_message(ExtensionList::new(), ExtensionList::new(), None)
+            .unwrap();
+        builder = builder.add_member(kp).unwrap();
+    }
+    builder.build().unwrap();
+    group.apply_pending_commit().unwrap();
+    let kp = victim.generate_key_package().unwrap();
+    let kp = mls_rs::MlsMessage::mls_decode(&mut kp.as_slice()).unwrap();
+    let out = group.commit_builder().add_member(kp).unwrap().build().unwrap();
+    out.welcome_messages[0].to_bytes().unwrap()
+}
+
+#[test]
+fn a_welcome_whose_tree_holds_a_forged_credential_is_refused_and_nothing_is_kept() {
+    let v = agent("victim");
+    // Big enough that the tree's signatures are checked in batches, and small.
+    for size in [3, 40] {
+        let Err(err) = v.engine.join_group(&forged_welcome(&v.engine, size, true)) else {
+            panic!("a tree with a forged credential was accepted");
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("signature check failed") && text.contains("join from Welcome"),
+            "{text}"
+        );
+        assert!(v.engine.group_ids().unwrap().is_empty());
+    }
+    // Nothing is left deferred: an honest forger-built group (all credentials real) joins,
+    // and a forged one after it is still refused.
+    v.engine.join_group(&forged_welcome(&v.engine, 40, false)).unwrap();
+    assert_eq!(v.engine.group_ids().unwrap().len(), 1);
+    assert!(v.engine.join_group(&forged_welcome(&v.engine, 40, true)).is_err());
+}

@@ -13,11 +13,10 @@ use mls_rs::{
     CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList, Group, IdentityProvider, MlsMessage,
 };
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
-use mls_rs_core::identity::MemberValidationContext;
 use mls_rs_crypto_awslc::AwsLcCryptoProvider;
 
 mod common;
-use common::Issuer;
+use common::{AcceptAll, Issuer};
 
 const T0: u64 = 1_700_000_000;
 const DAY: u64 = 86_400;
@@ -100,53 +99,6 @@ impl Agent {
             .identity_provider(provider)
             .signing_identity(self.signing_identity(), self.secret.clone(), SUITE)
             .build()
-    }
-}
-
-/// What a forger runs: accepts anything and advertises the svc and basic credential
-/// types, so it builds groups and commits an honest client would refuse.
-#[derive(Clone)]
-struct AcceptAll(SvcIdentityProvider);
-
-impl IdentityProvider for AcceptAll {
-    type Error = SvcIdentityError;
-
-    fn validate_member(
-        &self,
-        _: &SigningIdentity,
-        _: Option<MlsTime>,
-        _: MemberValidationContext<'_>,
-    ) -> Result<(), Self::Error> {
-        Ok(())
-    }
-
-    fn validate_external_sender(
-        &self,
-        _: &SigningIdentity,
-        _: Option<MlsTime>,
-        _: Option<&ExtensionList>,
-    ) -> Result<(), Self::Error> {
-        Ok(())
-    }
-
-    fn identity(&self, si: &SigningIdentity, ext: &ExtensionList) -> Result<Vec<u8>, Self::Error> {
-        match &si.credential {
-            Credential::Basic(basic) => Ok(basic.identifier.clone()),
-            _ => self.0.identity(si, ext),
-        }
-    }
-
-    fn valid_successor(
-        &self,
-        _: &SigningIdentity,
-        _: &SigningIdentity,
-        _: &ExtensionList,
-    ) -> Result<bool, Self::Error> {
-        Ok(true)
-    }
-
-    fn supported_types(&self) -> Vec<CredentialType> {
-        vec![CredentialType::new(SVC_CREDENTIAL_TYPE), CredentialType::BASIC]
     }
 }
 

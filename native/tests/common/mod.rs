@@ -1,9 +1,14 @@
 //! What the credential and identity-provider tests share: an issuer key of the account
 //! API (Ed25519, as the API's credential keys are).
 
-use _native::credential::{AgentCredential, AgentCredentialContent};
+use _native::credential::{AgentCredential, AgentCredentialContent, SVC_CREDENTIAL_TYPE};
+use _native::{SvcIdentityError, SvcIdentityProvider};
+use mls_rs::identity::{Credential, CredentialType, SigningIdentity};
+use mls_rs::time::MlsTime;
 use mls_rs::{CipherSuite, CipherSuiteProvider, CryptoProvider};
+use mls_rs::{ExtensionList, IdentityProvider};
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
+use mls_rs_core::identity::MemberValidationContext;
 use mls_rs_crypto_awslc::AwsLcCryptoProvider;
 
 pub struct Issuer {
@@ -76,4 +81,52 @@ pub fn certified(data_dir: &std::path::Path, identity: &[u8], suite: Option<u16>
         .unwrap();
     engine.install_credential(&credential_for(&engine, ACCOUNT)).unwrap();
     engine
+}
+
+/// What a forger runs: accepts anything and advertises the svc and basic credential
+/// types, so it builds groups and commits an honest client would refuse.
+#[allow(dead_code)]
+#[derive(Clone)]
+pub struct AcceptAll(pub SvcIdentityProvider);
+
+impl IdentityProvider for AcceptAll {
+    type Error = SvcIdentityError;
+
+    fn validate_member(
+        &self,
+        _: &SigningIdentity,
+        _: Option<MlsTime>,
+        _: MemberValidationContext<'_>,
+    ) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn validate_external_sender(
+        &self,
+        _: &SigningIdentity,
+        _: Option<MlsTime>,
+        _: Option<&ExtensionList>,
+    ) -> Result<(), Self::Error> {
+        Ok(())
+    }
+
+    fn identity(&self, si: &SigningIdentity, ext: &ExtensionList) -> Result<Vec<u8>, Self::Error> {
+        match &si.credential {
+            Credential::Basic(basic) => Ok(basic.identifier.clone()),
+            _ => self.0.identity(si, ext),
+        }
+    }
+
+    fn valid_successor(
+        &self,
+        _: &SigningIdentity,
+        _: &SigningIdentity,
+        _: &ExtensionList,
+    ) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
+
+    fn supported_types(&self) -> Vec<CredentialType> {
+        vec![CredentialType::new(SVC_CREDENTIAL_TYPE), CredentialType::BASIC]
+    }
 }
