@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from svc_sdk._relay_pb import relay_pb2 as pb  # noqa: E402
 from svc_sdk.mls import Engine  # noqa: E402
+from svc_sdk.testing import LocalIssuer  # noqa: E402
 from svc_sdk.relay_client import RelayConnection  # noqa: E402
 from tests.support import RedisServer, free_port, wait_healthy  # noqa: E402
 
@@ -66,7 +67,8 @@ async def wait_relay(target: str, token: str) -> None:
 
 
 def message(size: int) -> bytes:
-    group = Engine(Path(tempfile.mkdtemp()) / "m", b"sender").create_group(CHANNEL.encode())
+    sender = LocalIssuer().certify(Engine(Path(tempfile.mkdtemp()) / "m", b"sender"))
+    group = sender.create_group(CHANNEL.encode())
     ciphertext = group.encrypt(b"\x5a" * (size - 150))
     return ciphertext
 

@@ -284,6 +284,11 @@ impl TrustAnchors {
         Ok(Self(Arc::new(map)))
     }
 
+    /// The very same set (a clone of it), not merely equal keys.
+    pub fn same(&self, other: &TrustAnchors) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     pub fn get(&self, kid: &str) -> Option<&SignaturePublicKey> {
         self.0.get(kid)
     }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mls_rs::client_builder::{BaseSqlConfig, WithCryptoProvider, WithIdentityProvider, WithMlsRules};
-use mls_rs::identity::SigningIdentity;
+use mls_rs::identity::{Credential, SigningIdentity};
 use mls_rs::mls_rules::{CommitOptions, DefaultMlsRules, EncryptionOptions};
 use mls_rs::storage_provider::sqlite::storage::SqLiteGroupStateStorage;
 use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList};
@@ -15,7 +15,7 @@ use mls_rs_core::group::GroupStateStorage;
 use mls_rs_core::time::MlsTime;
 
 use crate::credential::{
-    sign_request, verify_credential, verify_mls_credential, AgentCredential, AgentCredentialContent,
+    check_unsigned, sign_request, verify_credential, verify_mls_credential, AgentCredential, AgentCredentialContent,
     CredentialRequestContent, TrustAnchors, ACCOUNT_ID_LEN,
 };
 use crate::data_dir::{self, DataDirLock};
@@ -51,6 +51,9 @@ pub struct Agent {
     pub(crate) secret_key: SignatureSecretKey,
     pub(crate) public_key: SignaturePublicKey,
     current: RwLock<Option<(SigningIdentity, AgentCredentialContent)>>,
+    // The anchors the current credential's issuer signature last verified under: the
+    // signature is checked again only when the credential or the anchors change.
+    verified_under: Mutex<Option<TrustAnchors>>,
 }
 
 impl Agent {
@@ -66,14 +69,23 @@ impl Agent {
         if anchors.is_empty() {
             return Err(EngineError::NoTrustAnchors);
         }
-        verify_mls_credential(
-            &signing.credential,
-            &anchors,
-            Some(self.public_key.as_bytes()),
-            Some(unix_now()),
-        )
-        .map_err(|e| EngineError::OwnCredential(Box::new(e)))?;
+        let mut verified = self.verified_under.lock().unwrap_or_else(|p| p.into_inner());
+        let key = Some(self.public_key.as_bytes());
+        let checked = match (&*verified, &signing.credential) {
+            (Some(under), Credential::Custom(custom)) if under.same(&anchors) => {
+                check_unsigned(&custom.data, &anchors, key, Some(unix_now())).map(|_| ())
+            }
+            _ => verify_mls_credential(&signing.credential, &anchors, key, Some(unix_now())).map(|_| ()),
+        };
+        checked.map_err(|e| EngineError::OwnCredential(Box::new(e)))?;
+        *verified = Some(anchors);
         Ok(signing.clone())
+    }
+
+    fn set_current(&self, signing: SigningIdentity, content: AgentCredentialContent) {
+        let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
+        *self.verified_under.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *current = Some((signing, content));
     }
 
     pub(crate) fn credential(&self) -> Option<AgentCredentialContent> {
@@ -148,13 +160,14 @@ impl Engine {
             secret_key: SignatureSecretKey::from(stored.secret_key.clone()),
             public_key: SignaturePublicKey::from(stored.public_key.clone()),
             current: RwLock::new(None),
+            verified_under: Mutex::new(None),
         });
         if let Some(bytes) = ids.credential()? {
             // Stored after verification; decoded again, not re-verified: it may have expired
             // meanwhile, and the engine must still open to read its channels.
             let cred = AgentCredential::from_bytes(&bytes)?;
             let signing = SigningIdentity::new(cred.to_mls_credential()?, agent.public_key.clone());
-            *agent.current.write().unwrap_or_else(|p| p.into_inner()) = Some((signing, cred.content));
+            agent.set_current(signing, cred.content);
         }
         let client = build_client(&db, &agent, suite)?;
         let group_storage = client.group_state_storage();
@@ -262,7 +275,7 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .set_credential(bytes)?;
-        *self.agent.current.write().unwrap_or_else(|p| p.into_inner()) = Some((signing, cred.content.clone()));
+        self.agent.set_current(signing, cred.content.clone());
         *client = build_client(&self.db, &self.agent, self.cipher_suite)?;
         Ok(cred.content)
     }

@@ -943,3 +943,18 @@ fn a_welcome_whose_tree_holds_a_forged_credential_is_refused_and_nothing_is_kept
     assert_eq!(v.engine.group_ids().unwrap().len(), 1);
     assert!(v.engine.join_group(&forged_welcome(&v.engine, 40, true)).is_err());
 }
+
+#[test]
+fn own_credential_stops_working_when_its_issuer_is_no_longer_trusted() {
+    let a = agent("alice");
+    a.engine.generate_key_package().unwrap(); // verified once, then remembered
+    let rotated = common::Issuer::new("rotated");
+    a.engine
+        .set_trust_anchors(vec![(rotated.kid.clone(), rotated.public.to_vec())])
+        .unwrap();
+    let err = a.engine.generate_key_package().unwrap_err();
+    assert!(
+        matches!(&err, EngineError::OwnCredential(inner) if matches!(**inner, EngineError::UnknownIssuer { .. })),
+        "{err}"
+    );
+}
