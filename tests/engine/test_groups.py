@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from svc_sdk.mls import Engine, MlsError, inspect
+from svc_sdk.agent_credential import CREDENTIAL_TYPE
+from svc_sdk.mls import Engine, MlsError, inspect, verify_agent_credential
 
-from ..conftest import member_id
+from ..conftest import ISSUER, member_id
 from .helpers import make_group
 
 MakeEngine = Callable[[str], Engine]
@@ -152,8 +153,26 @@ def test_inspect_reads_framing_without_keys(make_engine: MakeEngine) -> None:
     )
     commit = alice.self_update().commit
     assert inspect(commit).content_type == "commit"
-    assert inspect(make_engine("dave").generate_key_package()).wire_format == "key_package"
     assert inspect(alice.group_info()).wire_format == "group_info"
+
+
+def test_inspect_reads_a_key_packages_credential_and_a_welcomes_recipients(
+    make_engine: MakeEngine,
+) -> None:
+    dave = make_engine("dave")
+    key_package = dave.generate_key_package()
+    info = inspect(key_package)
+    assert (info.wire_format, info.credential_type) == ("key_package", CREDENTIAL_TYPE)
+    assert info.credential is not None and info.key_package_ref is not None
+    # Unverified as read; it verifies for the key the leaf signs with.
+    cred = verify_agent_credential(info.credential, ISSUER.anchors, info.signature_key)
+    assert (cred.account, cred.identity) == (ISSUER.account.bytes, b"dave")
+    assert info.signature_key == dave.signature_key
+    group = make_engine("alice").create_group(b"g")
+    welcome = group.add_members([key_package]).welcome
+    assert welcome is not None
+    assert inspect(welcome).welcome_refs == [info.key_package_ref]
+    assert inspect(group.encrypt(b"x")).credential is None
 
 
 def test_group_handles_are_shared(make_engine: MakeEngine) -> None:
