@@ -145,7 +145,13 @@ class JoinRequest(Base):
     (relay JoinRequest frame) where an online member adds it."""
 
     __tablename__ = "join_requests"
-    __table_args__ = (UniqueConstraint("invite_id", "identity", name="uq_join_invite_identity"),)
+    # The redeeming account is part of the key: another account's redemption of the same
+    # invite never matches (and so never overwrites) this one.
+    __table_args__ = (
+        UniqueConstraint(
+            "invite_id", "account_id", "identity", name="uq_join_invite_account_identity"
+        ),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
     invite_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("invites.id", ondelete="CASCADE"))

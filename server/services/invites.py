@@ -88,8 +88,10 @@ def redeem(
     key_package: bytes,
     now: datetime,
 ) -> JoinRequest:
-    """Consumes one use (none when this identity already redeemed this invite, so a
-    joiner can retry) and returns the join request to post to the channel."""
+    """Consumes one use (none when this agent — this account's ``identity`` — already
+    redeemed this invite, so a joiner can retry) and returns the join request to post to
+    the channel. Nothing is written unless a use is left or the agent's own earlier
+    redemption is being retried; another account's join request is never touched."""
     invalid = InviteError("not-found", "invite token is not valid for this channel")
     if not is_well_formed(token):
         raise invalid
@@ -100,7 +102,9 @@ def redeem(
         raise InviteError("expired", "invite token has expired")
     existing = session.scalar(
         select(JoinRequest).where(
-            JoinRequest.invite_id == invite.id, JoinRequest.identity == identity
+            JoinRequest.invite_id == invite.id,
+            JoinRequest.account_id == account_id,
+            JoinRequest.identity == identity,
         )
     )
     if existing is not None:

@@ -10,9 +10,11 @@ import uuid
 from typing import Any
 
 import httpx
+from sqlalchemy import select
 
 from svc_sdk.api_client import ApiClient
 from svc_sdk.mls import Engine
+from svc_server.db.models import JoinRequest
 from svc_server.db.session import make_engine, make_sessionmaker, transaction
 from svc_server.services import channels
 
@@ -140,3 +142,50 @@ def test_last_use_goes_to_exactly_one_of_racing_redeemers(
     for t in threads:
         t.join(60)
     assert sorted(statuses) == [201] + [410] * 7
+
+
+def test_another_account_cannot_take_over_a_pending_join(
+    api: RunningApi, http: httpx.Client, tmp_path: Any
+) -> None:
+    """An account that redeems a token someone else used, with its own agent of the same
+    identity, gets nothing and changes nothing: the pending join stays the first one's."""
+    owner = signup(http, "o4@example.com")
+    own = bearer(owner["api_key"]["key"])
+    _register(api, owner["account"]["id"])
+    b_key, c_key = (signup(http, f"{who}@example.com")["api_key"]["key"] for who in "bc")
+    one_use = http.post("/v1/invites", json={"channel": CHANNEL}, headers=own).json()["token"]
+    b_kp = _kp(api, b_key, tmp_path, "bob")
+    body = {"channel": CHANNEL, "token": one_use, "key_package": b_kp}
+    b_join = http.post("/v1/invites/redeem", json=body, headers=bearer(b_key))
+    assert b_join.status_code == 201, b_join.text
+    c_body = {**body, "key_package": _kp(api, c_key, tmp_path / "c", "bob")}
+    taken = http.post("/v1/invites/redeem", json=c_body, headers=bearer(c_key))
+    assert taken.status_code == 410 and "no uses left" in taken.json()["detail"]
+    engine = make_engine(api.settings)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            rows = session.execute(
+                select(JoinRequest.account_id, JoinRequest.key_package).where(
+                    JoinRequest.channel == CHANNEL
+                )
+            ).all()
+            assert [bytes(kp) for _, kp in rows] == [base64.b64decode(b_kp)]
+            assert not channels.has_access(session, CHANNEL, _account_of(http, c_key))
+    finally:
+        engine.dispose()
+    # With uses left, the other account's agent gets its own join request, apart.
+    two_uses = http.post(
+        "/v1/invites", json={"channel": CHANNEL, "max_uses": 2}, headers=own
+    ).json()["token"]
+    first = http.post("/v1/invites/redeem", json={**body, "token": two_uses}, headers=bearer(b_key))
+    second = http.post(
+        "/v1/invites/redeem", json={**c_body, "token": two_uses}, headers=bearer(c_key)
+    )
+    assert first.status_code == second.status_code == 201
+    assert first.json()["join_id"] != second.json()["join_id"]
+
+
+def _account_of(http: httpx.Client, key: str) -> uuid.UUID:
+    me = http.get("/v1/accounts/me", headers=bearer(key))
+    assert me.status_code == 200, me.text
+    return uuid.UUID(me.json()["id"])
