@@ -32,8 +32,8 @@ sys.path.insert(0, str(ROOT))
 
 from svc_sdk._relay_pb import relay_pb2 as pb  # noqa: E402
 from svc_sdk.mls import Engine  # noqa: E402
-from svc_sdk.testing import LocalIssuer  # noqa: E402
 from svc_sdk.relay_client import RelayConnection  # noqa: E402
+from svc_sdk.testing import LocalIssuer  # noqa: E402
 from tests.support import RedisServer, free_port, wait_healthy  # noqa: E402
 
 CHANNEL = "bench/relay/fanout"
