@@ -5,7 +5,8 @@ maps straight to a stream position) and a hash ``svc:meta:{channel}`` with the h
 sequence number, the current epoch and how far retention has trimmed. Appends, and the
 epoch check of commits together with storing their Welcomes, are Lua scripts, so they
 are atomic across relay processes. Welcomes are kept per recipient
-(``svc:welcome:{identity hex}``) and announced on the stream ``svc:welcomes``. Each relay
+(``svc:welcome:{member id hex}``, naming the commit's one stored Welcome) and announced
+on the stream ``svc:welcomes``, once per commit. Each relay
 process follows the channels its own streams subscribe to, and the Welcome stream, with
 one blocking XREAD, and fans out locally. (A single Redis server, not Redis Cluster: the
 commit script touches keys of more than one slot.)
@@ -23,7 +24,14 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from .store import CommitRejected, CursorExpired, Entry, EntrySink, WelcomeEntry
+from .store import (
+    MAX_PENDING_WELCOMES,
+    CommitRejected,
+    CursorExpired,
+    Entry,
+    EntrySink,
+    WelcomeEntry,
+)
 
 log = logging.getLogger("svc_server.relay")
 
@@ -38,7 +46,9 @@ return seq
 """
 
 # KEYS: meta, log, welcome stream. ARGV: sender, epoch, commit, stored_at, channel,
-# welcome, retention seconds, joiner identities (hex)...
+# welcome, retention seconds, joiner member ids (hex)... The Welcome is stored once
+# (svc:welcome-blob:{channel}:{seq}); each joiner's hash names it, and one announcement
+# per commit lists the joiners.
 COMMIT = """
 local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
 if current ~= tonumber(ARGV[2]) then return {-1, current} end
@@ -46,12 +56,18 @@ local seq = redis.call('HINCRBY', KEYS[1], 'head', 1)
 redis.call('HSET', KEYS[1], 'epoch', current + 1)
 redis.call('XADD', KEYS[2], seq .. '-1',
   's', ARGV[1], 'h', '1', 'e', ARGV[2], 'm', ARGV[3], 't', ARGV[4])
-for i = 8, #ARGV do
-  local key = 'svc:welcome:' .. ARGV[i]
-  redis.call('HSET', key, ARGV[5] .. '\\n' .. seq .. '\\n' .. (current + 1), ARGV[6])
-  redis.call('EXPIRE', key, ARGV[7])
-  redis.call('XADD', KEYS[3], '*',
-    'c', ARGV[5], 'r', ARGV[i], 'q', seq, 'e', current + 1, 'w', ARGV[6])
+if #ARGV >= 8 then
+  local blob = 'svc:welcome-blob:' .. ARGV[5] .. ':' .. seq
+  redis.call('SET', blob, ARGV[6], 'EX', ARGV[7])
+  local joiners = {}
+  for i = 8, #ARGV do
+    local key = 'svc:welcome:' .. ARGV[i]
+    redis.call('HSET', key, ARGV[5] .. '\\n' .. seq .. '\\n' .. (current + 1), blob)
+    redis.call('EXPIRE', key, ARGV[7])
+    joiners[#joiners + 1] = ARGV[i]
+  end
+  redis.call('XADD', KEYS[3], '*', 'c', ARGV[5], 'r', table.concat(joiners, ','),
+    'q', seq, 'e', current + 1, 'b', blob)
 end
 return {seq, current + 1}
 """
@@ -203,11 +219,17 @@ class RedisLogStore:
 
     async def welcomes(self, recipient: bytes) -> list[WelcomeEntry]:
         stored = await self.redis.hgetall(f"svc:welcome:{recipient.hex()}")
-        out = []
-        for field, welcome in stored.items():
+        pending = []
+        for field, blob in stored.items():
             channel, seq, epoch = field.decode().split("\n")
-            out.append(WelcomeEntry(channel, recipient, int(seq), int(epoch), welcome))
-        return sorted(out, key=lambda w: w.seq)
+            pending.append((int(seq), channel, int(epoch), blob))
+        pending = sorted(pending)[-MAX_PENDING_WELCOMES:]
+        blobs = await self.redis.mget([p[3] for p in pending]) if pending else []
+        return [
+            WelcomeEntry(channel, recipient, seq, epoch, welcome)
+            for (seq, channel, epoch, _), welcome in zip(pending, blobs, strict=True)
+            if welcome is not None  # expired with retention
+        ]
 
     async def trim(self, older_than: float) -> int:
         removed = 0
@@ -229,6 +251,20 @@ class RedisLogStore:
                 await self.redis.hset(key, "trimmed", max(current, last_old))
         await self.redis.xtrim(WELCOME_STREAM, minid=f"{int(older_than * 1000)}-0")
         return removed
+
+    async def _announced(self, rows: list[Any]) -> list[WelcomeEntry]:
+        """The Welcomes a batch of announcements names, one entry per joiner."""
+        try:
+            blobs = await self.redis.mget([f[b"b"] for _, f in rows])
+        except Exception:
+            log.exception("loading announced Welcomes failed; joiners get them on connect")
+            return []
+        return [
+            WelcomeEntry(f[b"c"].decode(), bytes.fromhex(r), int(f[b"q"]), int(f[b"e"]), blob)
+            for (_, f), blob in zip(rows, blobs, strict=True)
+            if blob is not None
+            for r in f[b"r"].decode().split(",")
+        ]
 
     # -- following: one XREAD over every watched channel and the Welcome stream --------
 
@@ -268,17 +304,7 @@ class RedisLogStore:
                     wake_from = rows[-1][0]
                 elif name == WELCOME_STREAM:
                     self._welcomes_from = rows[-1][0]
-                    welcomes = [
-                        WelcomeEntry(
-                            f[b"c"].decode(),
-                            bytes.fromhex(f[b"r"].decode()),
-                            int(f[b"q"]),
-                            int(f[b"e"]),
-                            f[b"w"],
-                        )
-                        for _, f in rows
-                    ]
-                    self._sink([], welcomes)
+                    self._sink([], await self._announced(rows))
                 else:
                     channel = name[len("svc:log:") :]
                     if channel not in self._watched:

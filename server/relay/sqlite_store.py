@@ -20,7 +20,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .store import CommitRejected, CursorExpired, Entry, EntrySink, WelcomeEntry
+from .store import (
+    MAX_PENDING_WELCOMES,
+    CommitRejected,
+    CursorExpired,
+    Entry,
+    EntrySink,
+    WelcomeEntry,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS channels (
@@ -40,15 +47,22 @@ CREATE TABLE IF NOT EXISTS messages (
     PRIMARY KEY (channel, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS messages_stored_at ON messages (stored_at);
-CREATE TABLE IF NOT EXISTS welcomes (
-    recipient BLOB NOT NULL,
+-- A commit's Welcome is stored once, whatever the number of joiners it is for.
+CREATE TABLE IF NOT EXISTS welcome_blobs (
     channel TEXT NOT NULL,
     seq INTEGER NOT NULL,
     epoch INTEGER NOT NULL,
     welcome BLOB NOT NULL,
     stored_at REAL NOT NULL,
+    PRIMARY KEY (channel, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS welcome_recipients (
+    recipient BLOB NOT NULL,
+    channel TEXT NOT NULL,
+    seq INTEGER NOT NULL,
     PRIMARY KEY (recipient, channel, seq)
 ) WITHOUT ROWID;
+DROP TABLE IF EXISTS welcomes;
 """
 
 Op = Callable[[sqlite3.Connection], tuple[Any, list[Entry], list[WelcomeEntry]]]
@@ -281,10 +295,15 @@ class SqliteLogStore:
                 if welcome
                 else []
             )
-            conn.executemany(
-                "INSERT OR REPLACE INTO welcomes VALUES (?, ?, ?, ?, ?, ?)",
-                [(w.recipient, channel, w.seq, w.epoch, welcome, now) for w in new_welcomes],
-            )
+            if new_welcomes:
+                conn.execute(
+                    "INSERT OR REPLACE INTO welcome_blobs VALUES (?, ?, ?, ?, ?)",
+                    (channel, entry.seq, epoch + 1, welcome, now),
+                )
+                conn.executemany(
+                    "INSERT OR REPLACE INTO welcome_recipients VALUES (?, ?, ?)",
+                    [(w.recipient, channel, w.seq) for w in new_welcomes],
+                )
             return entry, [entry], new_welcomes
 
         result: Entry = await self._write(op)
@@ -308,7 +327,12 @@ class SqliteLogStore:
                 (older_than, older_than),
             )
             removed = conn.execute("DELETE FROM messages WHERE stored_at < ?", (older_than,))
-            conn.execute("DELETE FROM welcomes WHERE stored_at < ?", (older_than,))
+            conn.execute(
+                "DELETE FROM welcome_recipients WHERE (channel, seq) IN "
+                "(SELECT channel, seq FROM welcome_blobs WHERE stored_at < ?)",
+                (older_than,),
+            )
+            conn.execute("DELETE FROM welcome_blobs WHERE stored_at < ?", (older_than,))
             return removed.rowcount, [], []
 
         result: int = await self._write(op)
@@ -355,11 +379,12 @@ class SqliteLogStore:
     async def welcomes(self, recipient: bytes) -> list[WelcomeEntry]:
         def fn(conn: sqlite3.Connection) -> list[WelcomeEntry]:
             rows = conn.execute(
-                "SELECT channel, seq, epoch, welcome FROM welcomes WHERE recipient = ? "
-                "ORDER BY seq",
-                (recipient,),
+                "SELECT b.channel, b.seq, b.epoch, b.welcome FROM welcome_recipients r "
+                "JOIN welcome_blobs b ON b.channel = r.channel AND b.seq = r.seq "
+                "WHERE r.recipient = ? ORDER BY r.seq DESC LIMIT ?",
+                (recipient, MAX_PENDING_WELCOMES),
             ).fetchall()
-            return [WelcomeEntry(c, recipient, s, e, bytes(w)) for c, s, e, w in rows]
+            return [WelcomeEntry(c, recipient, s, e, bytes(w)) for c, s, e, w in reversed(rows)]
 
         result: list[WelcomeEntry] = await self._read(fn)
         return result

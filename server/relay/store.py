@@ -22,6 +22,11 @@ class Entry:
     stored_at: float
 
 
+#: Pending Welcomes handed to an agent when it connects: the newest ones. Older ones are
+#: for key packages it has long replaced (and expire with retention anyway).
+MAX_PENDING_WELCOMES = 64
+
+
 @dataclass(frozen=True, slots=True)
 class WelcomeEntry:
     channel: str

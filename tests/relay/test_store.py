@@ -1,13 +1,16 @@
-"""The SQLite log store on its own."""
+"""The log stores (SQLite, and Redis when there is a redis-server) on their own."""
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from svc_server.relay.sqlite_store import SqliteLogStore
+from svc_server.relay.store import MAX_PENDING_WELCOMES, LogStore
 
 pytestmark = pytest.mark.anyio
 
@@ -24,3 +27,51 @@ async def test_a_cancelled_caller_does_not_kill_the_writer(tmp_path: Path) -> No
         assert [e.message for e in await store.read("a/b/c", 0, 10)] == [b"first", b"second"]
     finally:
         await store.close()
+
+
+@pytest.fixture
+async def store(tmp_path: Path, backend: str) -> AsyncIterator[LogStore]:
+    made: LogStore
+    if backend:
+        from svc_server.relay.redis_store import RedisLogStore
+
+        made = RedisLogStore(backend, 3600)
+    else:
+        made = SqliteLogStore(tmp_path / "relay.sqlite3")
+    await made.start()
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+async def test_a_welcome_for_many_joiners_is_stored_once(store: LogStore, backend: str) -> None:
+    welcome = b"W" * 100_000
+    joiners = [b"\x01" * 16 + f"j{i}".encode() for i in range(200)]
+    await store.commit("a/b/c", b"committer", 0, b"commit", welcome, joiners)
+    assert [w.welcome for w in await store.welcomes(joiners[-1])] == [welcome]
+    if backend:
+        import redis.asyncio as aioredis
+
+        client = aioredis.from_url(backend)
+        blobs = [k async for k in client.scan_iter(match="svc:welcome-blob:*")]
+        sizes = [await client.strlen(k) for k in blobs]
+        await client.aclose()
+        assert sizes == [len(welcome)], "one copy of the Welcome, whatever the joiners"
+    else:
+        assert isinstance(store, SqliteLogStore)
+        conn = sqlite3.connect(store._path)
+        (copies,) = conn.execute("SELECT count(*) FROM welcome_blobs").fetchone()
+        (recipients,) = conn.execute("SELECT count(*) FROM welcome_recipients").fetchone()
+        conn.close()
+        assert (copies, recipients) == (1, len(joiners))
+
+
+async def test_an_agent_gets_only_its_newest_pending_welcomes(store: LogStore) -> None:
+    me = b"\x02" * 16 + b"me"
+    for epoch in range(MAX_PENDING_WELCOMES + 10):
+        await store.commit("a/b/c", b"committer", epoch, b"c", f"w{epoch}".encode(), [me])
+    pending = await store.welcomes(me)
+    assert len(pending) == MAX_PENDING_WELCOMES
+    assert pending[-1].welcome == f"w{MAX_PENDING_WELCOMES + 9}".encode()
+    assert [w.seq for w in pending] == sorted(w.seq for w in pending)
