@@ -30,8 +30,10 @@ class Access:
 
         return await asyncio.to_thread(create)
 
-    async def admit(self, channel: str, by: uuid.UUID, account_id: uuid.UUID) -> bool:
-        def admit() -> bool:
+    async def admit(
+        self, channel: str, by: uuid.UUID, account_id: uuid.UUID
+    ) -> channels.AdmitResult:
+        def admit() -> channels.AdmitResult:
             with transaction(self._sessions) as session:
                 return channels.admit(session, channel, by, account_id)
 

@@ -182,7 +182,12 @@ class StreamSession:
     async def _on_admit(self, request_id: int, req: pb.Admit) -> None:
         await self._check_channel(req.channel)
         account = _uuid(req.account_id, "account_id")
-        if not await self.relay.access.admit(req.channel, self.claims.account_id, account):
+        result = await self.relay.access.admit(req.channel, self.claims.account_id, account)
+        if result == "not-owner":
+            raise RequestError(
+                DENIED, f"only the owner account of channel {req.channel!r} admits other accounts"
+            )
+        if result == "no-account":
             raise RequestError(INVALID, "no such account")
         self.reply(request_id)
 

@@ -1,9 +1,12 @@
 """Who may use which relay channel. Channel names are global; a channel belongs to the
-account that created it, and other accounts' agents may use it once admitted."""
+account that created it (its owner account), and other accounts' agents may use it once
+admitted. Only the owner account invites or admits other accounts: an admitted account
+cannot let further accounts in."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -41,11 +44,22 @@ def create(session: Session, channel: str, account_id: uuid.UUID) -> bool:
     return True
 
 
-def admit(session: Session, channel: str, by: uuid.UUID, account_id: uuid.UUID) -> bool:
-    """Lets ``account_id`` use the channel, if ``by`` may use it and the account exists."""
-    if not has_access(session, channel, by) or session.get(Account, account_id) is None:
-        return False
+def is_owner(session: Session, channel: str, account_id: uuid.UUID) -> bool:
+    found = session.get(Channel, channel)
+    return found is not None and found.owner_account_id == account_id
+
+
+AdmitResult = Literal["admitted", "not-owner", "no-account"]
+
+
+def admit(session: Session, channel: str, by: uuid.UUID, account_id: uuid.UUID) -> AdmitResult:
+    """Lets ``account_id`` use the channel, if ``by`` is its owner account and the account
+    exists."""
+    if not is_owner(session, channel, by):
+        return "not-owner"
+    if session.get(Account, account_id) is None:
+        return "no-account"
     if not has_access(session, channel, account_id):
         session.add(ChannelAccess(channel=channel, account_id=account_id, admitted_at=utcnow()))
         session.flush()
-    return True
+    return "admitted"

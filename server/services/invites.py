@@ -34,7 +34,7 @@ class InviteError(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # "not-found" | "expired" | "used-up"
+        self.kind = kind  # "not-found" | "not-owner" | "expired" | "used-up"
 
 
 @dataclass(frozen=True)
@@ -60,10 +60,16 @@ def create(
     ttl: int,
     now: datetime,
 ) -> NewInvite:
-    """An invite to ``channel``, which the account must be allowed to use."""
+    """An invite to ``channel``, which must be the account's own: an account admitted to
+    someone else's channel cannot let further accounts in."""
     if not channels.has_access(session, channel, account_id):
         # The same answer whether the channel exists or not.
         raise InviteError("not-found", f"no channel {channel!r} in your account")
+    if not channels.is_owner(session, channel, account_id):
+        raise InviteError(
+            "not-owner",
+            f"only the account that created channel {channel!r} can invite to it",
+        )
     token = PREFIX + secrets.token_urlsafe(32)
     invite = Invite(
         token_hash=digest(token),

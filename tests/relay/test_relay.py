@@ -171,6 +171,12 @@ async def test_other_accounts_are_denied_until_admitted(
     assert len(set(errors)) == 1, "an existing channel and a missing one look the same"
     await alice.conn.request(admit=pb.Admit(channel=CHANNEL, account_id=outsider.account_id))
     assert (await mallory.conn.request(subscribe=pb.Subscribe(channel=CHANNEL))).code == 0
+    # Admitted is not owner: mallory's account cannot let a third account in.
+    third = await new_account(stack.api_url, "third@example.com")
+    reply = await mallory.conn.request(
+        check=False, admit=pb.Admit(channel=CHANNEL, account_id=third.account_id)
+    )
+    assert reply.code == DENIED and "only the owner account" in reply.message
     await close(alice, bob, mallory)
 
 

@@ -71,11 +71,14 @@ def test_invite_lifecycle(api: RunningApi, http: httpx.Client, tmp_path: Any) ->
     third = {**body, "key_package": _kp(api, jkey, tmp_path, "j3")}
     used_up = http.post("/v1/invites/redeem", json=third, headers=other)
     assert used_up.status_code == 410 and "no uses left" in used_up.json()["detail"]
-    # The joiner's account may now use the channel.
+    # The joiner's account may now use the channel, but not invite further accounts.
     engine = make_engine(api.settings)
     with transaction(make_sessionmaker(engine)) as session:
         assert channels.has_access(session, CHANNEL, uuid.UUID(joiner["account"]["id"]))
     engine.dispose()
+    theirs = http.post("/v1/invites", json={"channel": CHANNEL, "max_uses": 10_000}, headers=other)
+    assert theirs.status_code == 403, theirs.text
+    assert "only the account that created" in theirs.json()["detail"]
 
 
 def test_bad_redemptions(api: RunningApi, http: httpx.Client, tmp_path: Any) -> None:

@@ -19,7 +19,7 @@ from ..schemas import InviteCreated, InviteCreateRequest, InviteRedeemRequest, J
 
 router = APIRouter(prefix="/v1/invites", tags=["invites"])
 
-_STATUS = {"not-found": 404, "expired": 410, "used-up": 410}
+_STATUS = {"not-found": 404, "not-owner": 403, "expired": 410, "used-up": 410}
 
 
 def _problem(exc: invites.InviteError) -> ProblemError:
@@ -52,7 +52,7 @@ def _key_package(text: str, caller: Caller, services: Services) -> tuple[bytes, 
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=InviteCreated,
-    responses=responses(400, 401, 404, 413, 422, 429),
+    responses=responses(400, 401, 403, 404, 413, 422, 429),
     summary="Create an invite token for a channel your account uses",
 )
 def create_invite(
