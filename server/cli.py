@@ -13,18 +13,14 @@ def run_api(args: argparse.Namespace) -> None:
     import uvicorn
 
     from .api import create_app
+    from .api.serving import uvicorn_options
 
     settings = _settings(args)
     _ = settings.tls  # fails early, with a clear message, on half or unreadable TLS settings
     app = create_app(settings)
     print(f"svc account API on {settings.scheme}://{args.host}:{args.port}", flush=True)
     uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        ssl_certfile=settings.tls_cert_file or None,
-        ssl_keyfile=settings.tls_key_file or None,
+        app, host=args.host, port=args.port, log_level=args.log_level, **uvicorn_options(settings)
     )
 
 

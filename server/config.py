@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     auth_failure_rate_limit: str = Field(
         "30/minute", description="Failed API-key authentications per client address"
     )
+    trusted_proxies: str = Field(
+        "",
+        description="Comma-separated addresses (or CIDRs) of reverse proxies whose "
+        "X-Forwarded-For the API believes; empty: none, rate limits use the TCP peer",
+    )
     tls_cert_file: str = Field(
         "", description="PEM certificate (chain) for TLS on the API and relay; empty: plain"
     )
@@ -55,6 +60,10 @@ class Settings(BaseSettings):
     relay_sync: str = Field(
         "normal", pattern="^(normal|full)$", description="SQLite log: fsync every batch (full)"
     )
+
+    @property
+    def proxy_list(self) -> list[str]:
+        return [p.strip() for p in self.trusted_proxies.split(",") if p.strip()]
 
     @field_validator("data_dir")
     @classmethod

@@ -13,6 +13,7 @@ from prometheus_client import make_asgi_app
 
 from .api import create_app
 from .api.deps import Services
+from .api.serving import uvicorn_options
 from .config import Settings
 from .errors import StartupError
 from .relay.metrics import RelayMetrics
@@ -51,13 +52,7 @@ async def start_stack(
         raise
     app = create_app(services=services)
     app.mount("/metrics", make_asgi_app(registry=metrics.registry))
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        lifespan="off",
-        ssl_certfile=settings.tls_cert_file or None,
-        ssl_keyfile=settings.tls_key_file or None,
-    )
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", **uvicorn_options(settings))
     api = uvicorn.Server(config)
     task = asyncio.create_task(api.serve(sockets=[sock]))
     while not api.started:

@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 
 from svc_server.api import create_app
+from svc_server.api.serving import uvicorn_options
 from svc_server.config import Settings
 
 
@@ -79,7 +80,14 @@ class RunningApi:
 def run_api(settings: Settings) -> Iterator[RunningApi]:
     """The account API served by uvicorn in a thread, over real HTTP on loopback."""
     app = create_app(settings)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="off",
+        **uvicorn_options(settings),
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

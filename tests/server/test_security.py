@@ -11,9 +11,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import event
 
-from ..support import RunningApi, free_port, wait_healthy
+from ..support import RunningApi, free_port, run_api, wait_healthy
 from .conftest import bearer, signup
 from .test_accounts import assert_problem
 
@@ -143,3 +144,27 @@ def test_signing_keys_made_before_purposes_stay_token_keys(make_settings: Any) -
         credential = signing.ensure_key(session, signing.CREDENTIAL)
         assert credential.kid != "old" and credential.purpose == signing.CREDENTIAL
     engine.dispose()
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_forwarded_for_counts_only_from_a_trusted_proxy(make_settings: Any, trusted: bool) -> None:
+    """A client that names another address in X-Forwarded-For is still counted under its
+    own: it can neither dodge the failed-authentication limit nor lock a victim out. From
+    a configured proxy (here loopback) the header is the client's address."""
+    settings = make_settings(
+        auth_failure_rate_limit="3/minute", trusted_proxies="127.0.0.1" if trusted else ""
+    )
+    with run_api(settings) as running, httpx.Client(base_url=running.url) as http:
+        statuses = [
+            http.get(
+                "/v1/keys",
+                headers={
+                    "Authorization": "Bearer sk_live_" + "A" * 49,
+                    "X-Forwarded-For": f"203.0.113.{i}",
+                },
+            ).status_code
+            for i in range(5)
+        ]
+    # Untrusted: five failures from one peer, the limit of three applies. Trusted: five
+    # different client addresses, one failure each.
+    assert statuses == ([401] * 3 + [429] * 2 if not trusted else [401] * 5)
