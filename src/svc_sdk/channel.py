@@ -30,7 +30,13 @@ import grpc
 from svc_sdk._native import Group, MlsError, PendingCommit, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
-from svc_sdk.errors import ChannelClosedError, SvcError, TransportError, relay_error
+from svc_sdk.errors import (
+    ChannelClosedError,
+    PayloadTooLargeError,
+    SvcError,
+    TransportError,
+    relay_error,
+)
 from svc_sdk.relay_client import RelayError
 
 if TYPE_CHECKING:
@@ -42,7 +48,11 @@ STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 # RFC 9420 §6: an MLSMessage starts with version (u16) and wire_format (u16);
 # 5 is mls_key_package. The relay has already parsed and checked every message.
 KEY_PACKAGE = b"\x00\x05"
-MAX_PAYLOAD = 1024 * 1024 - 1024  # the relay's 1 MiB message limit, less MLS framing
+#: The largest payload ``send`` takes. MLS pads what it encrypts so that only the two
+#: most significant bits of its length show (mls-rs's step function): anything over
+#: 896 KiB pads to a full 1 MiB and, with its framing, would exceed the relay's 1 MiB
+#: message limit. 1 KiB is left for the signature and MLS framing inside the padding.
+MAX_PAYLOAD = 896 * 1024 - 1024
 MAX_FRAME_MESSAGES = 1024
 # The relay accepts frames up to its message limit plus 64 KiB (1 MiB + 64 KiB by
 # default); a batch frame stays under the message limit itself.
@@ -203,7 +213,10 @@ class Channel:
             if not isinstance(payload, bytes | bytearray | memoryview):
                 raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
             if len(payload) > MAX_PAYLOAD:
-                raise ValueError(f"payload is {len(payload)} bytes; the limit is {MAX_PAYLOAD}")
+                raise PayloadTooLargeError(
+                    f"payload is {len(payload)} bytes; the limit is {MAX_PAYLOAD} "
+                    "(the relay's 1 MiB message limit, less MLS padding and framing)"
+                )
             blobs.append(bytes(payload))
         if not blobs:
             return
@@ -220,8 +233,11 @@ class Channel:
                 )
                 for frame in _frames(ciphertexts)
             ]
-        for future in futures:
-            self._client.wait(future)
+        try:
+            for future in futures:
+                self._client.wait(future)
+        except RelayError as exc:
+            raise relay_error(exc, self.name) from None
 
     # -- receiving ---------------------------------------------------------------------
 

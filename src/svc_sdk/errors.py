@@ -96,6 +96,11 @@ class InternalError(SvcError):
     """A fault inside the library or an unexpected answer from a server."""
 
 
+class PayloadTooLargeError(InternalError, ValueError):
+    """A payload over ``MAX_PAYLOAD``, refused before it is encrypted. Also a ValueError:
+    it is the argument that is wrong."""
+
+
 def relay_error(exc: RelayError, channel: str) -> SvcError:
     """The library error for a relay's non-OK Reply."""
     from svc_sdk.relay_client import code_name

@@ -48,8 +48,16 @@ def test_channel_calls(stack: LocalStack, channel_name: str, ids: Any) -> None:
     with ca, cb:
         with pytest.raises(TypeError, match="payload must be bytes"):
             chan_a.send("text")  # type: ignore[arg-type]
-        with pytest.raises(ValueError, match="the limit is"):
+        with pytest.raises(ValueError, match="^runtime error: payload is .* the limit is"):
             chan_a.send(b"x" * (MAX_PAYLOAD + 1))
+        with pytest.raises(RuntimeError):  # one error contract: also a RuntimeError
+            chan_a.send_batch([b"small", b"x" * (MAX_PAYLOAD + 1)])
+        # The largest payload goes through (MLS padding and framing included), and so does
+        # the first size that used to pad past the relay's limit, refused now up front.
+        chan_a.send(b"y" * MAX_PAYLOAD)
+        assert take(chan_b, 1) == [b"y" * MAX_PAYLOAD]
+        with pytest.raises(ValueError, match="the limit is"):
+            chan_a.send(b"z" * 917_434)
         with pytest.raises(TypeError, match="takes a list of bytes"):
             chan_a.send_batch(b"abc")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="key_package must be bytes"):
