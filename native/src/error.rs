@@ -157,6 +157,19 @@ fn holder_text(holder: &str) -> String {
 pub type Result<T> = std::result::Result<T, EngineError>;
 
 impl EngineError {
+    /// A local write or read of data_dir failed (disk full, I/O error, read-only file
+    /// system): not an MLS failure, and nothing was changed.
+    pub fn is_storage(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Storage(_)
+                | EngineError::Mls {
+                    op: "group storage",
+                    ..
+                }
+        )
+    }
+
     /// Wraps an mls-rs error with the operation that failed and a plain description.
     pub fn mls(op: &'static str, err: RsError) -> Self {
         let detail = match &err {

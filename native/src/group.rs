@@ -193,6 +193,22 @@ impl GroupHandle {
         Ok(())
     }
 
+    /// Returns to the stored state if `process_batch(.., save: false)` left anything in
+    /// memory: those messages decrypt again, since their keys were only used up in memory.
+    pub fn discard_unsaved(&self) -> Result<()> {
+        let mut guard = self.lock();
+        if let Some(group) = guard.as_mut() {
+            if self.unsaved.load(Ordering::Relaxed) {
+                *group = self
+                    .client
+                    .load_group(&self.group_id)
+                    .map_err(|e| EngineError::mls("group load", e))?;
+                self.unsaved.store(false, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the state that `process_batch(.., save: false)` left in memory.
     pub fn save(&self) -> Result<()> {
         let mut guard = self.lock();

@@ -23,20 +23,25 @@ create_exception!(
 );
 
 fn to_py(e: EngineError) -> PyErr {
-    match e {
-        // Not an MLS failure: the agent's directory is unusable as given, which the library
-        // reports as `runtime error: ` (svc_sdk.errors.InternalError).
-        EngineError::DataDir { .. } | EngineError::DataDirInUse { .. } => Python::with_gil(|py| {
+    // Not MLS failures: the agent's directory is unusable as given, or a write to it
+    // failed; the library reports both as `runtime error: ` (svc_sdk.errors.InternalError).
+    let internal = match &e {
+        EngineError::DataDir { .. } | EngineError::DataDirInUse { .. } | EngineError::Storage(_) => Some(e.to_string()),
+        e if e.is_storage() => Some(format!("storage failure: {e}")),
+        _ => None,
+    };
+    match internal {
+        Some(message) => Python::with_gil(|py| {
             let class = py
                 .import("svc_sdk.errors")
                 .and_then(|m| m.getattr("InternalError"))
                 .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
             match class {
-                Ok(class) => PyErr::from_type(class, e.to_string()),
+                Ok(class) => PyErr::from_type(class, message),
                 Err(err) => err,
             }
         }),
-        _ => MlsError::new_err(format!("MLS engine error: {e}")),
+        None => MlsError::new_err(format!("MLS engine error: {e}")),
     }
 }
 
@@ -295,6 +300,13 @@ impl PyGroup {
     /// Writes the state that `process_batch(..., save=False)` left in memory.
     fn save(&self, py: Python<'_>) -> PyResult<()> {
         py.allow_threads(|| self.inner.save()).map_err(to_py)
+    }
+
+    /// Forgets what `process_batch(..., save=False)` left in memory and returns to the
+    /// stored state: those messages can be processed again (their keys were not used up
+    /// on disk). For when storing what they decrypted failed.
+    fn discard_unsaved(&self, py: Python<'_>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.discard_unsaved()).map_err(to_py)
     }
 
     /// A pending commit adding the members whose key packages are given, with their Welcome.

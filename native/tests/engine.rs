@@ -958,3 +958,18 @@ fn own_credential_stops_working_when_its_issuer_is_no_longer_trusted() {
         "{err}"
     );
 }
+
+#[test]
+fn discarded_processing_leaves_the_messages_decryptable() {
+    let dir_b = tempfile::tempdir().unwrap();
+    let (_a, _g, gb, cts) = alice_and_bob(dir_b.path());
+    let refs: Vec<&[u8]> = cts.iter().map(|c| c.as_slice()).collect();
+    assert!(gb.process_batch(&refs, false).iter().all(|r| r.is_ok()));
+    // Storing what they decrypted failed: back to the stored state, and again.
+    gb.discard_unsaved().unwrap();
+    let again = gb.process_batch(&refs, true);
+    let texts: Vec<Vec<u8>> = again.into_iter().map(|r| app_data(r.unwrap()).1).collect();
+    assert_eq!(texts, vec![b"m0".to_vec(), b"m1".to_vec(), b"m2".to_vec()]);
+    gb.discard_unsaved().unwrap(); // nothing unsaved: a no-op
+    assert!(gb.process(&cts[0]).is_err(), "saved: the keys stay used");
+}

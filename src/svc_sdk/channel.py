@@ -18,7 +18,9 @@ Commits follow mls-rs's explicit states: a commit is pending until the relay acc
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sqlite3
 import threading
 import time
 from collections import deque
@@ -32,6 +34,7 @@ from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import (
     ChannelClosedError,
+    InternalError,
     PayloadTooLargeError,
     SvcError,
     TransportError,
@@ -443,11 +446,40 @@ class Channel:
     ) -> list[Message]:
         """Processes deliveries in order. With ``reader`` (a reader is waiting, and none
         of the buffered messages is for it), returns the first ``limit`` messages it
-        accepts instead of buffering and storing them."""
+        accepts instead of buffering and storing them.
+
+        If storing fails (disk full, I/O error), the group returns to its stored state,
+        the deliveries not yet durable go back to the front of the queue, and the caller
+        gets an InternalError: nothing decrypted is lost, and the next read or send
+        processes them again."""
+        progress = _Progress()
+        try:
+            return self._handle_items(items, reader, limit, progress)
+        except (InternalError, sqlite3.Error, OSError) as exc:
+            rest = items[progress.durable :]
+            with contextlib.suppress(InternalError, MlsError):
+                self._group.discard_unsaved()
+            with self._cond:
+                self._raw.extendleft(reversed(rest))
+            detail = str(exc).removeprefix("runtime error: ")
+            raise InternalError(
+                f"channel {self.name!r}: could not store what it received ({detail}); "
+                f"nothing is lost: {len(rest)} deliveries are processed again once storage "
+                "works"
+            ) from None
+
+    def _handle_items(
+        self,
+        items: list[pb.Delivery],
+        reader: Accept | None,
+        limit: int | None,
+        progress: _Progress,
+    ) -> list[Message]:
         me = self._client.member_id
         group = self._group
         run: list[pb.Delivery] = []
         received: list[Message] = []
+        stored = 0  # how many of ``received`` the inbox holds
         removed = False
 
         def flush_run() -> None:
@@ -457,6 +489,8 @@ class Channel:
             # Written by save() below, once what it decrypts is stored or handed over.
             results = group.process_batch([item.message for item in run], save=False)
             for item, result in zip(run, results, strict=True):
+                if isinstance(result, InternalError):
+                    raise result  # storage, not the message: handled by _handle
                 if isinstance(result, MlsError):
                     # A message this agent cannot read: from before it joined, a replay
                     # after a sender's reconnect, or hostile. Skipped, never fatal.
@@ -473,7 +507,26 @@ class Channel:
                     self._proposals = True
             run.clear()
 
-        for item in items:
+        def store(through: int) -> None:
+            """Stores what was decrypted from items[:through] before the engine's state
+            is written: the inbox is never behind the stored state."""
+            nonlocal stored
+            if through and stored < len(received):
+                rows = [(m.seq, m.sender.member_id, m.data) for m in received[stored:]]
+                self._client.state.advance(self.name, items[through - 1].seq, rows)
+                stored = len(received)
+                self._saved_cursor = items[through - 1].seq
+
+        def publish_stored() -> None:
+            """Once the engine's state is written too, the stored messages are readers'."""
+            nonlocal received, stored
+            if stored:
+                with self._cond:
+                    self._plain.extend(received[:stored])
+                    self._cond.notify_all()
+                received, stored = received[stored:], 0
+
+        for index, item in enumerate(items):
             if removed:
                 break
             if item.message[2:4] == KEY_PACKAGE:
@@ -485,36 +538,38 @@ class Channel:
                 continue  # from before this agent joined
             if item.handshake and group.has_pending_commit and item.epoch == group.epoch:
                 flush_run()
+                store(index)  # the commit below writes the engine's state
                 if item.sender == me:
                     # Our own commit, echoed: the relay accepted it (we lost the Reply).
                     group.apply_pending_commit()
+                    progress.durable = index + 1
+                    publish_stored()
                     self._proposals = False
                     continue
                 group.clear_pending_commit()  # another member's commit won this epoch
+                progress.durable = index
+                publish_stored()
             elif item.handshake and item.sender == me:
                 continue  # our own commit, already applied when the relay acknowledged it
             run.append(item)
         flush_run()
         handed: list[Message] = []
-        if reader is not None and received:
+        if reader is not None and len(received) > stored:
             with self._cond:
                 if not any(reader(m) for m in self._plain):
-                    kept = []
-                    for message in received:
+                    kept = received[:stored]
+                    for message in received[stored:]:
                         if reader(message) and (limit is None or len(handed) < limit):
                             handed.append(message)
                         else:
                             kept.append(message)
                     received = kept
         cursor = items[-1].seq
-        if received:
-            # Stored before the engine's state moves on on disk: a crash in between leaves
-            # them decryptable again (the cursor has not moved), never lost.
-            self._client.state.advance(
-                self.name, cursor, [(m.seq, m.sender.member_id, m.data) for m in received]
-            )
-            self._saved_cursor = cursor
+        # Stored before the engine's state moves on on disk: a crash in between leaves
+        # them decryptable again (the cursor has not moved), never lost.
+        store(len(items))
         group.save()
+        progress.durable = len(items)
         self._cursor = cursor
         with self._cond:
             self._plain.extend(received)
@@ -696,6 +751,16 @@ class Channel:
 
     def _commit_proposals(self) -> Planned | None:
         return (self._group.self_update(), []) if self._proposals else None
+
+
+class _Progress:
+    """How many of a batch's deliveries are durable: decrypted messages in the inbox and
+    the engine's state written (``Channel._handle``)."""
+
+    __slots__ = ("durable",)
+
+    def __init__(self) -> None:
+        self.durable = 0
 
 
 def _any(message: Message) -> bool:

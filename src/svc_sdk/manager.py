@@ -22,12 +22,14 @@ from svc_sdk.api_client import ApiClient
 from svc_sdk.channel import Accept, Channel, Message
 from svc_sdk.client import NO_API_KEY, SvcClient, parse_endpoints
 from svc_sdk.envelope import Envelope, Protocol
-from svc_sdk.errors import AuthError, ChannelClosedError
+from svc_sdk.errors import AuthError, ChannelClosedError, InternalError
 from svc_sdk.names import check_channel_name
 
 log = logging.getLogger("svc_sdk.manager")
 
 STOP_POLL = 0.2  # how often listeners look at the stop flag: close() takes at most this
+# After a local write failed (disk full): how soon a listener tries again.
+STORAGE_RETRY = 1.0
 
 
 def default_data_dir(identity: bytes, relay: str, account: str) -> str:
@@ -115,13 +117,22 @@ class SvcChannelManager:
         thread.start()
 
     def _run_listener(self, channel: Channel) -> None:
+        fault = ""
         while not self._stop.is_set() and not channel.closed:
             try:
                 channel._wait_for_deliveries(STOP_POLL)
                 channel._process_pending()
                 channel.flush(if_due=True)  # what readers took, recorded while idle
+                if fault:
+                    log.warning("channel %s: storing works again", channel.name)
+                    fault = ""
             except ChannelClosedError:
                 break
+            except InternalError as exc:  # storage: nothing is lost, retried until it works
+                if str(exc) != fault:
+                    log.warning("%s", exc)
+                    fault = str(exc)
+                self._stop.wait(STORAGE_RETRY)
             except Exception:  # keep listening: one bad moment must not end the channel
                 log.exception("listener of %s", channel.name)
                 self._stop.wait(0.1)
