@@ -12,14 +12,13 @@ import base64
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from svc_sdk.agent_credential import CREDENTIAL_TYPE
 from svc_sdk.mls import MlsError, inspect, verify_agent_credential
 
-JwksSource = Callable[[], dict[str, Any]]
+from .verifier import JwksSource, jwks_from_url
 
 
 class KeyPackageError(ValueError):
@@ -62,15 +61,7 @@ class CredentialKeys:
 
     @classmethod
     def from_url(cls, url: str) -> CredentialKeys:
-        def fetch() -> dict[str, Any]:
-            import httpx  # only relays that run apart from the API fetch over HTTP
-
-            response = httpx.get(url, timeout=5.0)
-            response.raise_for_status()
-            data: dict[str, Any] = response.json()
-            return data
-
-        return cls(fetch)
+        return cls(jwks_from_url(url))
 
     def anchors(self, refresh: bool = False) -> dict[str, bytes]:
         with self._lock:

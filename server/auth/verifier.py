@@ -27,6 +27,20 @@ REQUIRED = ["exp", "iat", "sub", "iss", "aud", "jti"]
 JwksSource = Callable[[], dict[str, Any]]
 
 
+def jwks_from_url(url: str) -> JwksSource:
+    """A JWK-set source that fetches ``url`` (a relay running apart from the API)."""
+
+    def fetch() -> dict[str, Any]:
+        import httpx  # only relays that fetch keys over HTTP need it
+
+        response = httpx.get(url, timeout=5.0)
+        response.raise_for_status()
+        data: dict[str, Any] = response.json()
+        return data
+
+    return fetch
+
+
 class InvalidToken(Exception):
     """The token is not acceptable; the message says why (never echoing the token)."""
 
@@ -64,16 +78,7 @@ class TokenVerifier:
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> TokenVerifier:
         """A verifier that fetches the JWKS over HTTP from the account API."""
-
-        def fetch() -> dict[str, Any]:
-            import httpx  # only relays that fetch the JWKS over HTTP need it
-
-            response = httpx.get(url, timeout=5.0)
-            response.raise_for_status()
-            data: dict[str, Any] = response.json()
-            return data
-
-        return cls(fetch, **kwargs)
+        return cls(jwks_from_url(url), **kwargs)
 
     def _refresh(self, force: bool) -> None:
         with self._lock:
