@@ -65,6 +65,9 @@ CREATE TABLE IF NOT EXISTS welcome_recipients (
 DROP TABLE IF EXISTS welcomes;
 """
 
+# The most a write may carry to be committed on the event loop (see _enqueue).
+INLINE_MAX_BYTES = 64 * 1024
+
 Op = Callable[[sqlite3.Connection], tuple[Any, list[Entry], list[WelcomeEntry]]]
 # A request's future and its result or error.
 Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
@@ -201,16 +204,19 @@ class SqliteLogStore:
             else:
                 future.set_result(value)
 
-    def _enqueue(self, op: Op) -> asyncio.Future[Any]:
+    def _enqueue(self, op: Op, size: int) -> asyncio.Future[Any]:
         """Runs ``op`` in the writer's transaction order (call from the event loop).
 
-        When nothing is queued or running, a request is committed right here instead of
-        through the writer thread: at low load that saves two thread hand-offs on the
-        path every message takes (publish → durable → fan-out and reply). Only with
-        ``synchronous=NORMAL``, where a commit does not wait for the disk."""
+        When nothing is queued or running, a small request (``size`` bytes to write, at
+        most INLINE_MAX_BYTES) is committed right here instead of through the writer
+        thread: at low load that saves two thread hand-offs on the path every message
+        takes (publish → durable → fan-out and reply). Only with ``synchronous=NORMAL``,
+        where a commit does not wait for the disk. Large writes, and retention's
+        deletes, always go to the writer thread: they would stall every stream."""
         assert self._loop is not None, "start() the store first"
         future: asyncio.Future[Any] = self._loop.create_future()
-        if self._inline and self._queued == 0 and self._busy.acquire(blocking=False):
+        inline = self._inline and size <= INLINE_MAX_BYTES
+        if inline and self._queued == 0 and self._busy.acquire(blocking=False):
             try:
                 # The writer holds _busy from taking a request until it has counted it
                 # done, so no earlier request can still be on its way: order is kept.
@@ -224,8 +230,8 @@ class SqliteLogStore:
         self._queue.put((op, future))
         return future
 
-    async def _write(self, op: Op) -> Any:
-        return await self._enqueue(op)
+    async def _write(self, op: Op, size: int) -> Any:
+        return await self._enqueue(op, size)
 
     @staticmethod
     def _channel_row(conn: sqlite3.Connection, channel: str) -> tuple[int, int]:
@@ -247,7 +253,7 @@ class SqliteLogStore:
             conn.execute("UPDATE channels SET head_seq = ? WHERE name = ?", (entry.seq, channel))
             return entry, [entry], []
 
-        return self._enqueue(op)
+        return self._enqueue(op, len(message))
 
     def append_many(
         self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
@@ -268,7 +274,7 @@ class SqliteLogStore:
             )
             return entries, entries, []
 
-        return self._enqueue(op)
+        return self._enqueue(op, sum(len(m) for m, _ in messages))
 
     async def commit(
         self,
@@ -306,7 +312,7 @@ class SqliteLogStore:
                 )
             return entry, [entry], new_welcomes
 
-        result: Entry = await self._write(op)
+        result: Entry = await self._write(op, len(commit) + len(welcome))
         return result
 
     @staticmethod
@@ -335,7 +341,7 @@ class SqliteLogStore:
             conn.execute("DELETE FROM welcome_blobs WHERE stored_at < ?", (older_than,))
             return removed.rowcount, [], []
 
-        result: int = await self._write(op)
+        result: int = await self._write(op, size=INLINE_MAX_BYTES + 1)  # unbounded work
         return result
 
     # -- reads ------------------------------------------------------------------------

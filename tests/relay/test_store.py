@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from svc_server.relay.sqlite_store import SqliteLogStore
+from svc_server.relay.sqlite_store import INLINE_MAX_BYTES, SqliteLogStore
 from svc_server.relay.store import MAX_PENDING_WELCOMES, LogStore
 
 pytestmark = pytest.mark.anyio
@@ -75,3 +77,25 @@ async def test_an_agent_gets_only_its_newest_pending_welcomes(store: LogStore) -
     assert len(pending) == MAX_PENDING_WELCOMES
     assert pending[-1].welcome == f"w{MAX_PENDING_WELCOMES + 9}".encode()
     assert [w.seq for w in pending] == sorted(w.seq for w in pending)
+
+
+async def test_large_writes_and_trims_never_run_on_the_event_loop(tmp_path: Path) -> None:
+    store = SqliteLogStore(tmp_path / "relay.sqlite3")
+    await store.start()
+    ran_on: list[str] = []
+    real = store._run_batch
+
+    def recording(*args: Any) -> Any:
+        ran_on.append(threading.current_thread().name)
+        return real(*args)
+
+    store._run_batch = recording  # type: ignore[method-assign]
+    try:
+        await store.append("a/b/c", b"s", b"small", 0)
+        await store.append("a/b/c", b"s", b"x" * (INLINE_MAX_BYTES + 1), 0)
+        await store.commit("a/b/c", b"s", 0, b"c", b"w" * INLINE_MAX_BYTES, [b"\x01" * 17])
+        await store.trim(0.0)
+    finally:
+        await store.close()
+    loop_thread = threading.current_thread().name
+    assert ran_on == [loop_thread, "svc-log-write", "svc-log-write", "svc-log-write"]
