@@ -105,6 +105,9 @@ pub struct SvcIdentityProvider {
     anchors: Arc<RwLock<TrustAnchors>>,
     // While a join runs: the signature checks its tree validation put off.
     join: Arc<Mutex<Option<Deferred>>>,
+    // Held for a whole `joining` call: one join at a time defers, so no validation can
+    // land in another join's list.
+    joins: Arc<Mutex<()>>,
 }
 
 impl SvcIdentityProvider {
@@ -112,6 +115,7 @@ impl SvcIdentityProvider {
         Self {
             anchors: Arc::new(RwLock::new(anchors)),
             join: Arc::default(),
+            joins: Arc::default(),
         }
     }
 
@@ -123,9 +127,9 @@ impl SvcIdentityProvider {
     /// every other kind of validation.
     ///
     /// The caller must discard what `join` produced if the second result is an error, and
-    /// must not create or join another group with this provider meanwhile (the engine
-    /// holds its group table's lock across both): tree validation does not say which
-    /// group it is for until the Welcome is decrypted.
+    /// must not create a group with this provider meanwhile (the engine holds its group
+    /// table's lock across both): tree validation does not say which group it is for
+    /// until the Welcome is decrypted. Joins through one provider run one at a time.
     pub fn joining<T>(&self, join: impl FnOnce() -> T) -> (T, Result<(), SvcIdentityError>) {
         /// Clears the slot even if `join` panics: a collector left behind would let later
         /// validations skip their signature checks.
@@ -135,14 +139,8 @@ impl SvcIdentityProvider {
                 self.0.lock_join().take();
             }
         }
-        {
-            let mut slot = self.lock_join();
-            if slot.is_some() {
-                drop(slot);
-                return (join(), Ok(())); // another join defers already: check as we go
-            }
-            *slot = Some(Vec::new());
-        }
+        let _one_at_a_time = self.joins.lock().unwrap_or_else(|p| p.into_inner());
+        *self.lock_join() = Some(Vec::new());
         let guard = Slot(self);
         let out = join();
         let collected = self.lock_join().take().unwrap_or_default();
