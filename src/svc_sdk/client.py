@@ -148,14 +148,16 @@ class SvcClient:
             return 0.0
         return cred.not_before + (cred.not_after - cred.not_before) * RENEW_AT
 
-    def _ensure_credential(self) -> bool:
-        """Trusts the API's current credential keys, and gets a credential unless the one
-        in data_dir is still good for a while. True if a new one was installed."""
+    def _ensure_credential(self, force: bool = False) -> bool:
+        """Trusts the API's current credential keys, and gets a credential unless
+        (without ``force``) the one in data_dir is still good for a while. True if a new
+        one was installed."""
         api = self._api()
         self.engine.set_trust_anchors(api.credential_keys())
         cred = self.engine.credential
         if (
-            cred is not None
+            not force
+            and cred is not None
             and time.time() < self._renewal_due()
             and cred.issuer in self.engine.trust_anchors
             # Another account's key on this data_dir: the new credential is refused below.
@@ -169,13 +171,8 @@ class SvcClient:
         """Gets a new credential now and moves every channel's leaf to it (one update
         commit per channel). The client does this by itself before expiry."""
         self._check_open()
-        self._ensure_credential_now()
+        self._ensure_credential(force=True)
         self._update_channels()
-
-    def _ensure_credential_now(self) -> None:
-        api = self._api()
-        self.engine.set_trust_anchors(api.credential_keys())
-        self.engine.install_credential(api.agent_credential(self.engine))
 
     def _update_channels(self) -> None:
         with self._lock:
@@ -194,7 +191,7 @@ class SvcClient:
             self._update_channels()  # leaves still carry the credential that lapsed
         while not self._stop.wait(max(0.0, self._renewal_due() - time.time())):
             try:
-                self._ensure_credential_now()
+                self._ensure_credential(force=True)
             except (SvcError, MlsError) as exc:
                 log.warning(
                     "credential renewal failed (%s); next try in %g s", exc, RENEW_RETRY_SECONDS

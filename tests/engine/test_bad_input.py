@@ -243,3 +243,17 @@ def test_credential_entry_points_refuse_bad_input(make_engine: Callable[..., Eng
             verify_agent_credential(b"\0" * 200, anchors)
     with pytest.raises(MlsError, match=PREFIX + "malformed agent credential"):
         verify_agent_credential(b"\xff" * 10, {"k": bytes(32)})
+    # The engine's own entry points: refused, and what it trusted before is kept.
+    before = engine.credential
+    assert before is not None
+    engine.set_trust_anchors({"k": bytes(32)})
+    for anchors in ({"": bytes(32)}, {"k": bytes(31)}):
+        with pytest.raises(MlsError, match=PREFIX + "malformed trust anchor"):
+            engine.set_trust_anchors(anchors)
+    assert engine.trust_anchors == ["k"]
+    for credential in (b"", b"\xff" * 10):
+        with pytest.raises(MlsError, match=PREFIX + "malformed agent credential"):
+            engine.install_credential(credential)
+    after = engine.credential
+    assert after is not None and after.signature_key == before.signature_key
+    assert (after.not_before, after.not_after) == (before.not_before, before.not_after)
