@@ -46,6 +46,33 @@ class Settings(BaseSettings):
     )
     tls_key_file: str = Field("", description="PEM private key for tls_cert_file")
     max_body_size: int = Field(64 * 1024, ge=1024, description="Largest request body, bytes")
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        le=1024 * 1024,
+        description="Largest request head (request line and header fields), bytes; "
+        "beyond it the API answers 431",
+    )
+    max_header_count: int = Field(
+        100, ge=10, le=10_000, description="Most header fields in a request; beyond: 431"
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Time a client has to send a request head, from connecting or from "
+        "the request's first byte; then 408 and the connection is closed",
+    )
+    body_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Time a client has to send a request body after its head; then the "
+        "connection is closed",
+    )
+    keep_alive_timeout_seconds: int = Field(
+        5, ge=1, le=600, description="How long an idle keep-alive connection stays open"
+    )
     last_used_write_interval_seconds: float = Field(60.0, ge=0)
 
     # Relay

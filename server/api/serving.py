@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import Settings
+from .protocol import bounded_protocol
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:
@@ -18,9 +19,19 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
     >>> uvicorn_options(Settings(trusted_proxies=""))["proxy_headers"]
     False
+
+    The request head is capped and both halves of a request are timed
+    (``SVC_MAX_HEADER_BYTES``, ``SVC_MAX_HEADER_COUNT``, ``SVC_HEADER_TIMEOUT_SECONDS``,
+    ``SVC_BODY_TIMEOUT_SECONDS``) by the protocol class in ``protocol.py``: uvicorn's
+    own protocols bound neither.
+
+    >>> uvicorn_options(Settings())["http"].limits.max_head_bytes
+    32768
     """
     proxies = settings.proxy_list
     return {
+        "http": bounded_protocol(settings),
+        "timeout_keep_alive": settings.keep_alive_timeout_seconds,
         "proxy_headers": bool(proxies),
         "forwarded_allow_ips": proxies or None,
         "ssl_certfile": settings.tls_cert_file or None,
