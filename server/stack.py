@@ -1,4 +1,5 @@
-"""``svc up``: the account API and the relay in one process, on loopback by default."""
+"""``svc up``: the relay, and the account API in a child process of its own, on loopback by
+default."""
 
 from __future__ import annotations
 
@@ -8,12 +9,8 @@ import signal
 import socket
 from dataclasses import dataclass
 
-import uvicorn
-from prometheus_client import make_asgi_app
-
-from .api import create_app
 from .api.deps import Services
-from .api.serving import uvicorn_options
+from .api.process import ApiProcess, spawn_api_process
 from .config import Settings
 from .errors import StartupError
 from .relay.metrics import RelayMetrics
@@ -25,14 +22,16 @@ class Stack:
     api_url: str
     relay_url: str
     relay: RunningRelay
-    api: uvicorn.Server
-    api_task: asyncio.Task[None]
+    api: ApiProcess
+    services: Services  # this process's: the relay's database sessions and signing keys
 
 
 async def start_stack(
     settings: Settings, host: str = "127.0.0.1", api_port: int = 8000, relay_port: int = 50051
 ) -> Stack:
-    """Starts both servers (0 picks free ports) and returns when both accept connections."""
+    """Starts both servers (0 picks free ports) and returns when both accept connections:
+    the relay on the calling event loop, the account API in a child process, so that
+    neither can stall the other (docs/performance.md, "API and relay isolation")."""
     # Bound here, not by uvicorn, so a taken port is an error we report, not an exit.
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -43,34 +42,38 @@ async def start_stack(
         raise StartupError(
             f"account API cannot listen on {host}:{api_port}: {exc.strerror}"
         ) from None
+    bound = sock.getsockname()[1]
     try:
+        # Started first: it imports the API while this process readies the database.
+        api = spawn_api_process(sock)
+    finally:
+        sock.close()  # the child has its own copy; this process never accepts on it
+    try:
+        # Migrates the schema and creates the signing keys before the API starts.
         services = await asyncio.to_thread(Services.start, settings)
+    except BaseException:
+        await api.stop()
+        raise
+    try:
         metrics = RelayMetrics()
         relay = await start_relay(settings, host, relay_port, services.sessions, metrics)
-    except BaseException:
-        sock.close()
-        raise
-    app = create_app(services=services)
-    app.mount("/metrics", make_asgi_app(registry=metrics.registry))
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", **uvicorn_options(settings))
-    api = uvicorn.Server(config)
-    task = asyncio.create_task(api.serve(sockets=[sock]))
-    while not api.started:
-        if task.done():
+        try:
+            await api.serve(settings, metrics.registry)
+        except BaseException:
             await relay.stop()
-            task.result()
-            raise StartupError("account API stopped during start-up")
-        await asyncio.sleep(0.01)
-    bound = sock.getsockname()[1]
+            raise
+    except BaseException:
+        await api.stop()
+        services.engine.dispose()
+        raise
     scheme = settings.scheme
-    return Stack(f"{scheme}://{host}:{bound}", f"{scheme}://{host}:{relay.port}", relay, api, task)
+    api_url, relay_url = f"{scheme}://{host}:{bound}", f"{scheme}://{host}:{relay.port}"
+    return Stack(api_url, relay_url, relay, api, services)
 
 
 async def stop_stack(stack: Stack) -> None:
-    stack.api.should_exit = True
-    await stack.relay.stop()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stack.api_task, 10)
+    await asyncio.gather(stack.api.stop(), stack.relay.stop())
+    stack.services.engine.dispose()
 
 
 async def wait_for_shutdown() -> None:

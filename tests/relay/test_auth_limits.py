@@ -40,7 +40,7 @@ pytestmark = pytest.mark.anyio
 
 
 def forge(stack: Stack, account: Account, *, key: Any = None, **claims: Any) -> str:
-    services = stack.api.config.app.state.services
+    services = stack.services
     real = services.signer.get()
     now = int(time.time())
     body = {
