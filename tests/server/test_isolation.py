@@ -18,7 +18,7 @@ from svc_sdk.relay_client import RelayConnection
 from svc_server.config import Settings
 from svc_server.stack import start_stack, stop_stack
 
-pytestmark = pytest.mark.anyio
+from ..support import free_port, start, stop, wait_healthy
 
 FIELDS = 9_000
 
@@ -54,6 +54,7 @@ async def round_trips(conn: RelayConnection, seconds: float) -> list[float]:
     return times
 
 
+@pytest.mark.anyio
 async def test_the_relay_answers_promptly_while_the_api_is_flooded(tmp_path: Path) -> None:
     # Limits raised so that every flood request is accepted and costs the API real work:
     # what this measures is the separation of the two servers, not the limits.
@@ -103,3 +104,25 @@ async def test_the_relay_answers_promptly_while_the_api_is_flooded(tmp_path: Pat
         f"median round trip {statistics.median(busy):.1f} ms during the flood, "
         f"{statistics.median(idle):.1f} ms idle"
     )
+
+
+def test_killing_svc_up_takes_its_api_process_along(tmp_path: Path) -> None:
+    """The API runs in a child of ``svc up``: SIGKILL on ``svc up`` (no chance to stop
+    it) must not leave that child serving, or holding the port a restart needs."""
+    api_port = free_port()
+    args = ["up", "--api-port", str(api_port), "--relay-port", "0"]
+    proc = start([*args, "--data-dir", str(tmp_path / "server")])
+    try:
+        wait_healthy(f"http://127.0.0.1:{api_port}", proc)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", api_port), timeout=1).close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < deadline, "the API still accepts connections"
+            time.sleep(0.05)
+    finally:
+        stop(proc)
