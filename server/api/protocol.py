@@ -100,7 +100,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._in_head = True  # the next bytes belong to a request head
         self._head_bytes = 0  # bytes of the current head fed to the parser
-        self._header_count = 0
         self._deadline: asyncio.TimerHandle | None = None
         self._lingering = -1  # bytes discarded since a rejection; -1: none yet
 
@@ -121,9 +120,6 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self.transport.abort()
             return
         self._unset_keepalive_if_required()
-        if self._in_head and self._deadline is None:
-            # A request begins (after a keep-alive pause): its head is timed from here.
-            self._arm(self.limits.head_timeout, self._head_timed_out)
         try:
             while data:
                 if self._in_head:
@@ -143,6 +139,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                     data = b""
                 if self.transport.is_closing():
                     return
+            # Timers only for what this data left incomplete: a request that arrives
+            # whole costs none.
+            if self._deadline is None:
+                if not self._in_head:
+                    self._arm(self.limits.body_timeout, self._body_timed_out)
+                elif self._head_bytes:
+                    self._arm(self.limits.head_timeout, self._head_timed_out)
         except _Rejected as exc:
             self._reject(exc)
         except httptools.HttpParserCallbackError as exc:
@@ -160,13 +163,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- parser callbacks -------------------------------------------------------------
 
-    def on_message_begin(self) -> None:
-        self._header_count = 0
-        super().on_message_begin()
-
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_count += 1
-        if self._header_count > self.limits.max_header_count:
+        # Per field, so that a head of thousands of tiny fields stops at the limit
+        # rather than costing a callback for each up to the byte cap.
+        if len(self.headers) >= self.limits.max_header_count:
             raise _Rejected(
                 431,
                 "too-many-headers",
@@ -177,7 +177,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._head_bytes = 0
-        self._arm(self.limits.body_timeout, self._body_timed_out)
+        self._disarm()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
