@@ -92,6 +92,16 @@ async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -
     print(f"svc relay        {stack.relay_url}", flush=True)
     print(f"metrics          {stack.api_url}/metrics", flush=True)
     print("ready; Ctrl-C stops", flush=True)
-    await wait_for_shutdown()
+    shutdown = asyncio.ensure_future(wait_for_shutdown())
+    api_exited = asyncio.ensure_future(stack.api.wait())
+    await asyncio.wait((shutdown, api_exited), return_when=asyncio.FIRST_COMPLETED)
+    asked = shutdown.done()
+    shutdown.cancel()
     await stop_stack(stack)
+    status = await api_exited
+    # SIGTERM to the whole process group may reach the API process first: a stop too.
+    if not asked and status != -signal.SIGTERM:
+        # The API process died (killed, out of memory): stop the relay too, and fail,
+        # so that a supervisor restarts both.
+        raise RuntimeError(f"account API process exited with status {status}; svc up stopped")
     print("stopped", flush=True)

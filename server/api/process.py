@@ -79,9 +79,15 @@ class ApiProcess:
                 return "error", f"account API did not start within {timeout:g} s"
             status, detail = self.control.recv()
         except (EOFError, OSError):
-            code = self.process.wait()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+            code = self.process.returncode
             return "error", f"account API process exited during start-up (status {code})"
         return str(status), str(detail)
+
+    async def wait(self) -> int:
+        """Returns the child's exit status once it has exited."""
+        return await asyncio.to_thread(self.process.wait)
 
     async def stop(self, timeout: float = 10) -> None:
         with contextlib.suppress(OSError):

@@ -4,6 +4,8 @@ while the account API is flooded with costly request heads."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import statistics
 import threading
@@ -126,3 +128,21 @@ def test_killing_svc_up_takes_its_api_process_along(tmp_path: Path) -> None:
             time.sleep(0.05)
     finally:
         stop(proc)
+
+
+def test_svc_up_stops_and_fails_when_its_api_process_dies(tmp_path: Path) -> None:
+    """A relay without its API would look alive to a supervisor and serve no new agent:
+    svc up stops the relay too and exits with an error, so that it is restarted."""
+    api_port = free_port()
+    args = ["up", "--api-port", str(api_port), "--relay-port", "0"]
+    proc = start([*args, "--data-dir", str(tmp_path / "server")])
+    try:
+        wait_healthy(f"http://127.0.0.1:{api_port}", proc)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1
+        os.kill(int(children[0]), signal.SIGKILL)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        stop(proc)
+    assert proc.returncode == 1
+    assert "account API process exited with status -9; svc up stopped" in err
