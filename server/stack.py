@@ -76,23 +76,29 @@ async def stop_stack(stack: Stack) -> None:
     stack.services.engine.dispose()
 
 
-async def wait_for_shutdown() -> None:
-    """Returns on SIGINT or SIGTERM."""
+def shutdown_requested() -> asyncio.Event:
+    """An event set on SIGINT or SIGTERM, from now on."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def wait_for_shutdown() -> None:
+    """Returns on SIGINT or SIGTERM."""
+    await shutdown_requested().wait()
 
 
 async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:
     stack = await start_stack(settings, host, api_port, relay_port)
+    # Before "ready": a signal sent as soon as it is printed must find the handlers.
+    shutdown = asyncio.ensure_future(shutdown_requested().wait())
     print(f"svc account API  {stack.api_url}", flush=True)
     print(f"svc relay        {stack.relay_url}", flush=True)
     print(f"metrics          {stack.api_url}/metrics", flush=True)
     print("ready; Ctrl-C stops", flush=True)
-    shutdown = asyncio.ensure_future(wait_for_shutdown())
     api_exited = asyncio.ensure_future(stack.api.wait())
     await asyncio.wait((shutdown, api_exited), return_when=asyncio.FIRST_COMPLETED)
     asked = shutdown.done()

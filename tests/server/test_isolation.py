@@ -8,6 +8,8 @@ import os
 import signal
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -146,3 +148,29 @@ def test_svc_up_stops_and_fails_when_its_api_process_dies(tmp_path: Path) -> Non
         stop(proc)
     assert proc.returncode == 1
     assert "account API process exited with status -9; svc up stopped" in err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_whole_group_stops_svc_up_cleanly(tmp_path: Path, sig: int) -> None:
+    """Ctrl-C in a terminal, or a supervisor stopping the process group, reaches the API
+    process too: svc up still stops in order and exits 0."""
+    api_port = free_port()
+    command = ["up", "--api-port", str(api_port), "--relay-port", "0"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "svc_sdk.cli", *command, "--data-dir", str(tmp_path / "s")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("ready"):
+                break
+        os.killpg(proc.pid, sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    assert out.rstrip().endswith("stopped")
