@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -71,8 +72,11 @@ class _Rejected(Exception):
         self.detail = detail
 
 
-def problem_bytes(status: int, slug: str, detail: str) -> bytes:
-    """A complete HTTP/1.1 response carrying an RFC 9457 problem, closing the connection."""
+def problem_bytes(
+    status: int, slug: str, detail: str, headers: Sequence[tuple[bytes, bytes]] = ()
+) -> bytes:
+    """A complete HTTP/1.1 response carrying an RFC 9457 problem, closing the connection;
+    ``headers`` first (uvicorn's ``server`` and ``date``)."""
     body = json.dumps(
         {
             "type": f"urn:svc:problem:{slug}",
@@ -81,13 +85,14 @@ def problem_bytes(status: int, slug: str, detail: str) -> bytes:
             "detail": detail,
         }
     ).encode()
-    head = (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
-        f"content-type: {PROBLEM_JSON.decode()}\r\n"
-        f"content-length: {len(body)}\r\n"
-        "connection: close\r\n\r\n"
-    ).encode()
-    return head + body
+    lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode()]
+    lines += [name + b": " + value for name, value in headers]
+    lines += [
+        b"content-type: " + PROBLEM_JSON,
+        b"content-length: " + str(len(body)).encode(),
+        b"connection: close",
+    ]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -224,7 +229,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         if not self._idle():
             self.transport.close()
             return
-        self.transport.write(problem_bytes(exc.status, exc.slug, exc.detail))
+        headers = self.server_state.default_headers
+        self.transport.write(problem_bytes(exc.status, exc.slug, exc.detail, headers))
         if not self.transport.can_write_eof():
             self.transport.close()
             return
