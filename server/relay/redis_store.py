@@ -94,6 +94,20 @@ def _entry(channel: str, stream_id: bytes, fields: dict[bytes, bytes]) -> Entry:
     )
 
 
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancels ``task`` and waits until it has ended. One cancel() is not enough: on
+    Python 3.11, asyncio.wait_for, which redis-py wraps around every socket write (when
+    socket_timeout is set, 5 s by default since redis-py 8), returns the write's result
+    instead of raising CancelledError when the cancel arrives just as the write completes.
+    The task then carries on as if never cancelled: _follow is a loop, so it would never
+    end, and neither would close()."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 class RedisLogStore:
     def __init__(self, url: str, retention_seconds: int = 7 * 86_400) -> None:
         self._url = url
@@ -136,9 +150,7 @@ class RedisLogStore:
     async def close(self) -> None:
         for task in (self._follower, self._appender):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await _stop(task)
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 await self._redis.delete(self._wake_key)
