@@ -36,6 +36,11 @@ from .store import (
 log = logging.getLogger("svc_server.relay")
 
 WELCOME_STREAM = "svc:welcomes"
+# How long the follower's XREAD blocks, and the follower connection's socket timeout,
+# which must be longer (redis-py 8 defaults to 5 s: XREAD blocking for as long would
+# time out whenever nothing arrives, and reconnect, with an error logged, every 5 s).
+FOLLOW_BLOCK_MS = 5000
+FOLLOW_SOCKET_TIMEOUT = FOLLOW_BLOCK_MS / 1000 + 10
 
 # KEYS: meta, log. ARGV: sender, epoch, message, stored_at.
 APPEND = """
@@ -138,7 +143,7 @@ class RedisLogStore:
         # A blocking pool: a burst of requests waits for a connection instead of failing.
         pool = aioredis.BlockingConnectionPool.from_url(self._url, max_connections=64, timeout=10)
         self._redis = aioredis.Redis(connection_pool=pool)
-        self._follow_conn = aioredis.from_url(self._url)
+        self._follow_conn = aioredis.from_url(self._url, socket_timeout=FOLLOW_SOCKET_TIMEOUT)
         await self._redis.ping()
         self._append = self._redis.register_script(APPEND)
         self._commit = self._redis.register_script(COMMIT)
@@ -303,7 +308,7 @@ class RedisLogStore:
             }
             streams.update({_log(ch): last for ch, last in self._watched.items()})
             try:
-                result = await self._follow_conn.xread(streams, block=5000, count=1024)
+                result = await self._follow_conn.xread(streams, block=FOLLOW_BLOCK_MS, count=1024)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -144,3 +144,30 @@ async def test_close_ends_a_follower_that_swallowed_its_cancellation(
         if store._follower is not None and not store._follower.done():
             store._follower.cancel()  # the second cancel ends it, and close() with it
         await closing
+
+
+@pytest.mark.slow
+async def test_an_idle_follower_neither_times_out_nor_reconnects(
+    redis_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    if redis_server is None:
+        pytest.skip("no redis-server on this machine")
+    from svc_server.relay.redis_store import FOLLOW_BLOCK_MS, RedisLogStore
+
+    store = RedisLogStore(redis_server.url, 3600)
+    seen: list[int] = []
+    store.set_sink(lambda entries, welcomes: seen.extend(e.seq for e in entries))
+    await store.start()
+    try:
+        store.watch("a/b/idle", 0)
+        # Past one whole XREAD block with nothing to read.
+        await asyncio.sleep(FOLLOW_BLOCK_MS / 1000 + 1.5)
+        assert "following Redis streams failed" not in caplog.text
+        await store.append("a/b/idle", b"s", b"m", 0)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == [1]
+    finally:
+        await store.close()
