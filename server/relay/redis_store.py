@@ -36,6 +36,11 @@ from .store import (
 log = logging.getLogger("svc_server.relay")
 
 WELCOME_STREAM = "svc:welcomes"
+# How long the follower's XREAD blocks, and the follower connection's socket timeout,
+# which must be longer (redis-py 8 defaults to 5 s: XREAD blocking for as long would
+# time out whenever nothing arrives, and reconnect, with an error logged, every 5 s).
+FOLLOW_BLOCK_MS = 5000
+FOLLOW_SOCKET_TIMEOUT = FOLLOW_BLOCK_MS / 1000 + 10
 
 # KEYS: meta, log. ARGV: sender, epoch, message, stored_at.
 APPEND = """
@@ -94,6 +99,20 @@ def _entry(channel: str, stream_id: bytes, fields: dict[bytes, bytes]) -> Entry:
     )
 
 
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancels ``task`` and waits until it has ended. One cancel() is not enough: on
+    Python 3.11, asyncio.wait_for, which redis-py wraps around every socket write (when
+    socket_timeout is set, 5 s by default since redis-py 8), returns the write's result
+    instead of raising CancelledError when the cancel arrives just as the write completes.
+    The task then carries on as if never cancelled: _follow is a loop, so it would never
+    end, and neither would close()."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.5)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 class RedisLogStore:
     def __init__(self, url: str, retention_seconds: int = 7 * 86_400) -> None:
         self._url = url
@@ -124,7 +143,7 @@ class RedisLogStore:
         # A blocking pool: a burst of requests waits for a connection instead of failing.
         pool = aioredis.BlockingConnectionPool.from_url(self._url, max_connections=64, timeout=10)
         self._redis = aioredis.Redis(connection_pool=pool)
-        self._follow_conn = aioredis.from_url(self._url)
+        self._follow_conn = aioredis.from_url(self._url, socket_timeout=FOLLOW_SOCKET_TIMEOUT)
         await self._redis.ping()
         self._append = self._redis.register_script(APPEND)
         self._commit = self._redis.register_script(COMMIT)
@@ -136,9 +155,7 @@ class RedisLogStore:
     async def close(self) -> None:
         for task in (self._follower, self._appender):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await _stop(task)
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 await self._redis.delete(self._wake_key)
@@ -291,7 +308,7 @@ class RedisLogStore:
             }
             streams.update({_log(ch): last for ch, last in self._watched.items()})
             try:
-                result = await self._follow_conn.xread(streams, block=5000, count=1024)
+                result = await self._follow_conn.xread(streams, block=FOLLOW_BLOCK_MS, count=1024)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -99,3 +99,75 @@ async def test_large_writes_and_trims_never_run_on_the_event_loop(tmp_path: Path
         await store.close()
     loop_thread = threading.current_thread().name
     assert ran_on == [loop_thread, "svc-log-write", "svc-log-write", "svc-log-write"]
+
+
+class _SwallowsOneCancel:
+    """A follower connection whose XREAD loses the first cancellation, as redis-py's
+    asyncio.wait_for around a socket write does on Python 3.11 when the cancel arrives
+    just as the write completes (the call returns normally; the task is not cancelled)."""
+
+    def __init__(self) -> None:
+        self.swallowed = 0
+
+    async def xread(self, *args: Any, **kwargs: Any) -> list[Any]:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed += 1
+        return []
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_close_ends_a_follower_that_swallowed_its_cancellation(
+    redis_server: Any,
+) -> None:
+    if redis_server is None:
+        pytest.skip("no redis-server on this machine")
+    from svc_server.relay.redis_store import RedisLogStore
+
+    store = RedisLogStore(redis_server.url, 3600)
+    await store.start()
+    real, store._follow_conn = store._follow_conn, _SwallowsOneCancel()
+    await real.aclose()
+    await asyncio.sleep(0.05)  # the follower is in its XREAD
+    closing = asyncio.create_task(store.close())
+    try:
+        # Hung forever before: close() cancelled the follower once and awaited it.
+        done, _ = await asyncio.wait({closing}, timeout=10)
+        assert closing in done, "close() waits forever for a follower that goes on"
+        assert store._follow_conn.swallowed == 1
+    finally:
+        if store._follower is not None and not store._follower.done():
+            store._follower.cancel()  # the second cancel ends it, and close() with it
+        await closing
+
+
+@pytest.mark.slow
+async def test_an_idle_follower_neither_times_out_nor_reconnects(
+    redis_server: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    if redis_server is None:
+        pytest.skip("no redis-server on this machine")
+    from svc_server.relay.redis_store import FOLLOW_BLOCK_MS, RedisLogStore
+
+    store = RedisLogStore(redis_server.url, 3600)
+    seen: list[int] = []
+    store.set_sink(lambda entries, welcomes: seen.extend(e.seq for e in entries))
+    await store.start()
+    try:
+        store.watch("a/b/idle", 0)
+        # Past one whole XREAD block with nothing to read.
+        await asyncio.sleep(FOLLOW_BLOCK_MS / 1000 + 1.5)
+        assert "following Redis streams failed" not in caplog.text
+        await store.append("a/b/idle", b"s", b"m", 0)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == [1]
+    finally:
+        await store.close()
