@@ -24,7 +24,6 @@ from svc_sdk.agent_id import AgentId
 from svc_sdk.api_client import ApiClient
 from svc_sdk.channel import Channel
 from svc_sdk.errors import (
-    AccessError,
     AuthError,
     ChannelClosedError,
     InviteError,
@@ -274,13 +273,17 @@ class SvcClient:
             existing = self._channels.get(name)
         if existing is not None:
             return existing
-        reply = self._request(name, create=pb.CreateChannel(channel=name))
-        if reply.head_seq:
-            raise AccessError(
-                f"channel {name!r} already exists; join it with an invite or a Welcome"
-            )
+        # The relay tracks the group from here on: it must see the group as created, with
+        # this agent its only member and owner.
         group = self.engine.create_group(name.encode())
-        self.state.add_channel(name, 0, 0)
+        try:
+            self._request(
+                name, create=pb.CreateChannel(channel=name, group_info=group.group_info())
+            )
+            self.state.add_channel(name, 0, 0)
+        except BaseException:
+            self.engine.delete_group(name.encode())
+            raise
         try:
             return self._register(name, group, 0, 0)
         except BaseException:

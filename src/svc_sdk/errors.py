@@ -107,7 +107,7 @@ def relay_error(exc: RelayError, channel: str) -> SvcError:
 
     name = code_name(exc.code)
     message = exc.reply.message
-    if name == "PERMISSION_DENIED":
+    if name in ("PERMISSION_DENIED", "ALREADY_EXISTS"):
         return AccessError(f"channel {channel!r}: {message}")
     if name == "UNAUTHENTICATED":
         return AuthError(f"relay refused the token: {message}")

@@ -41,6 +41,7 @@ def test_three_agents_in_one_channel(stack: LocalStack, channel_name: str, ids: 
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     cc = client(stack, ids("c"))
     with ca, cb, cc:
+        chan_a.set_role(cb.agent_id, "admin")  # only the owner and admins add members
         chan_c = cc.join_channel(channel_name, chan_b.add_member(cc.generate_key_package()))
         chan_a.send(b"from a")
         chan_c.send(b"from c")
