@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import delete, exists, select, update
+from sqlalchemy import delete, exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -182,18 +182,55 @@ def events(session: Session, channel: str, after_id: int, limit: int) -> list[Ch
     )
 
 
-def for_account(session: Session, account_id: uuid.UUID) -> list[tuple[str, str, int]]:
-    """(channel, the account's highest role in it, member agents of the account)."""
-    rank = {"owner": 0, "admin": 1, "member": 2}
-    found: dict[str, tuple[str, int]] = {}
-    for name, role in session.execute(
-        select(ChannelMember.channel, ChannelMember.role).where(
-            ChannelMember.account_id == account_id
-        )
+@dataclass(frozen=True, slots=True)
+class Listed:
+    """A channel as an account sees it in its list."""
+
+    name: str
+    epoch: int
+    #: Member agents of every account.
+    member_count: int
+    #: The account's own member agents, as ``members`` orders them; empty when the
+    #: account is admitted only by a live invite redemption.
+    mine: list[ChannelMember]
+
+
+def for_account(
+    session: Session, account_id: uuid.UUID, now: datetime | None = None
+) -> list[Listed]:
+    """The channels the account may use (``has_access``): those with one of its agents
+    as a member, and those it holds a live invite redemption for, by name."""
+    mine: dict[str, list[ChannelMember]] = {}
+    for row in session.scalars(
+        select(ChannelMember)
+        .where(ChannelMember.account_id == account_id)
+        .order_by(ChannelMember.since_epoch, ChannelMember.identity)
     ):
-        best, count = found.get(name, ("member", 0))
-        found[name] = (min(best, role, key=rank.__getitem__), count + 1)
-    return [(name, role, count) for name, (role, count) in sorted(found.items())]
+        mine.setdefault(row.channel, []).append(row)
+    redeemed = (
+        select(JoinRequest.channel)
+        .join(Invite, Invite.id == JoinRequest.invite_id)
+        .where(JoinRequest.account_id == account_id, Invite.expires_at > (now or utcnow()))
+    )
+    names = mine.keys() | set(session.scalars(redeemed))
+    if not names:
+        return []
+    counts: dict[str, int] = {
+        name: count
+        for name, count in session.execute(
+            select(ChannelMember.channel, func.count())
+            .where(ChannelMember.channel.in_(names))
+            .group_by(ChannelMember.channel)
+        )
+    }
+    return [
+        Listed(name, epoch, counts.get(name, 0), mine.get(name, []))
+        for name, epoch in session.execute(
+            select(Channel.name, Channel.epoch)
+            .where(Channel.name.in_(names))
+            .order_by(Channel.name)
+        )
+    ]
 
 
 def forget(session: Session, channel: str) -> None:
