@@ -6,7 +6,6 @@ Outsiders get the same 404 whether the channel exists or not."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -55,7 +54,7 @@ class World:
 
 
 @pytest.fixture
-def world(api: RunningApi, http: httpx.Client) -> Iterator[World]:
+def world(api: RunningApi, http: httpx.Client) -> World:
     """CHANNEL's history: alice creates it (epoch 0), adds bob (1), makes him admin (2),
     then removes him (3) and adds him back (4)."""
     w = World(api, http)
@@ -66,7 +65,7 @@ def world(api: RunningApi, http: httpx.Client) -> Iterator[World]:
     w.record(2, [("alice", "owner"), ("bob", "admin")], [Event("role", alice, bob, "admin")])
     w.record(3, [("alice", "owner")], [Event("removed", alice, bob)])
     w.record(4, [("alice", "owner"), ("bob", "member")], [Event("added", alice, bob)])
-    yield w
+    return w
 
 
 def _agent(w: World, name: str) -> dict[str, Any]:
