@@ -127,6 +127,17 @@ def record(
                 )
             elif row.role != m.role:
                 row.role = m.role
+    for e in events:
+        if e.kind == "added" and e.subject is not None:
+            # A redemption is spent once its agent is in: it must not keep the account
+            # admitted after that agent is removed or leaves.
+            session.execute(
+                delete(JoinRequest).where(
+                    JoinRequest.channel == channel,
+                    JoinRequest.account_id == e.subject[0],
+                    JoinRequest.identity == e.subject[1],
+                )
+            )
     now = utcnow()
     for e in events:
         session.add(

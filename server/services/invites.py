@@ -61,7 +61,7 @@ def create(
 ) -> NewInvite:
     """An invite to ``channel``, by an account with an owner or admin in it (or any
     member, when the channel's policy lets members invite)."""
-    if not channels.is_member(session, channel, account_id):
+    if not channels.has_access(session, channel, account_id):
         # The same answer whether the channel exists or not.
         raise InviteError("not-found", f"no channel {channel!r} in your account")
     if not channels.can_invite(session, channel, account_id):

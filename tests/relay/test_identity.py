@@ -12,7 +12,6 @@ import pytest
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_server.stack import Stack
 
-from ..conftest import ISSUER
 from .conftest import Account, connect, new_account
 from .helpers import Member, engine
 

@@ -226,7 +226,9 @@ async def test_frames_that_do_not_parse(stack: Stack, account: Account) -> None:
     await call.write(pb.ClientFrame(request_id=0).SerializeToString())
     assert "non-zero request_id" in (await call.read()).reply.message
     await call.write(
-        pb.ClientFrame(request_id=5, unsubscribe=pb.Unsubscribe(channel="a/b/c")).SerializeToString()
+        pb.ClientFrame(
+            request_id=5, unsubscribe=pb.Unsubscribe(channel="a/b/c")
+        ).SerializeToString()
     )
     assert (await call.read()).reply.code == 0
     # A frame beyond the transport limit ends the stream with a gRPC status.
