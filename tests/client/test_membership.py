@@ -3,13 +3,18 @@ far, each replayed as a user of the library would try it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
+import grpc
+import httpx
 import pytest
 
 from svc_sdk import InviteError
+from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.mls import MlsError
+from svc_sdk.relay_client import RelayConnection
 from svc_sdk.testing import LocalStack
 
 from .helpers import client, pair, take
@@ -30,6 +35,25 @@ def test_a_removed_member_cannot_invite_itself_back(
     with pytest.raises(InviteError, match="no channel"):
         again.invite(channel_name, max_uses=10_000, ttl=30 * 86_400)
     assert alice.members(channel_name) == [alice.agent_id]
+    # Nor can any agent of bob's account still reach the channel on the relay.
+    assert _relay_code(stack, bob_key, ids("bob"), channel_name) == DENIED
+
+
+DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+
+
+def _relay_code(stack: LocalStack, api_key: str, identity: str, channel: str) -> int:
+    """The relay's answer to a raw Subscribe of ``channel`` by an agent of the account."""
+    token = httpx.post(
+        f"{stack.api_url}/v1/tokens", headers={"Authorization": f"Bearer {api_key}"}
+    ).json()["token"]
+
+    async def subscribe() -> int:
+        async with RelayConnection(stack.relay_url, token, identity.encode()) as conn:
+            reply = await conn.request(check=False, subscribe=pb.Subscribe(channel=channel))
+            return reply.code
+
+    return asyncio.run(subscribe())
 
 
 def test_a_plain_member_cannot_add_remove_or_promote_and_the_channel_goes_on(

@@ -278,3 +278,62 @@ async def test_relay_sees_only_ciphertext(stack: Stack, account: Account, tmp_pa
         if path.is_file():
             assert secret not in path.read_bytes(), path
     await close(alice, bob)
+
+
+async def test_forged_replayed_and_foreign_handshakes_are_refused_and_the_channel_commits(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """The wedge attack: a Commit frame the relay cannot validate used to move the channel
+    to an epoch nobody could follow. Now each is refused, nothing is stored, and the
+    members go on committing."""
+    alice, bob = await pair(stack, account, tmp_path)
+    assert alice.group and bob.group
+    epoch = alice.group.epoch
+    head = (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
+
+    async def refused(commit: bytes, at: int = epoch) -> pb.Reply:
+        reply = await bob.conn.request(
+            check=False, commit=pb.Commit(channel=CHANNEL, epoch=at, commit=commit)
+        )
+        assert reply.code != 0, reply
+        return reply
+
+    # An application message (PrivateMessage) posing as a commit.
+    await refused(bob.group.encrypt(b"not a commit"))
+    # A real commit of bob's with its signature broken.
+    forged = bytearray(bob.group.self_update().commit)
+    bob.group.clear_pending_commit()
+    # A member's PublicMessage ends with the confirmation and membership tags (1 + 32
+    # bytes each), which need the group's secrets to check; the signature comes before.
+    forged[-(2 * 33) - 5] ^= 0x55
+    await refused(bytes(forged))
+    # A commit of another channel's group, by a member of that group.
+    carol = await member(stack, account, tmp_path, "carol")
+    await carol.create("acme/support/other")
+    assert carol.group
+    other = carol.group.self_update()
+    reply = await refused(other.commit, other.epoch)
+    assert reply.code == INVALID, reply
+    assert (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq == head
+
+    # A valid commit goes through; replaying it afterwards is refused as stale.
+    update = bob.group.self_update()
+    await bob.conn.request(
+        commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
+    )
+    bob.group.apply_pending_commit()
+    replay = await refused(update.commit, update.epoch)
+    assert replay.code == STALE, replay
+    await alice.next()  # bob's update, processed
+    assert alice.group.epoch == bob.group.epoch == epoch + 1
+    again = alice.group.self_update()
+    reply = await alice.conn.request(
+        commit=pb.Commit(channel=CHANNEL, epoch=again.epoch, commit=again.commit)
+    )
+    alice.group.apply_pending_commit()
+    assert reply.epoch == epoch + 2
+    await bob.next()
+    await alice.send(CHANNEL, "the channel still works")
+    await bob.next()
+    assert bob.received[-1] == b"the channel still works"
+    await close(alice, bob, carol)
