@@ -24,7 +24,7 @@ from typing import Any
 from svc_sdk import SvcClient
 from svc_sdk.cli import positive
 from svc_sdk.mls import Engine
-from svc_sdk.testing import LocalStack
+from svc_sdk.testing import LocalIssuer, LocalStack
 
 BATCH = 256  # messages per send_batch call
 
@@ -32,7 +32,9 @@ BATCH = 256  # messages per send_batch call
 def decrypt_bound(size: int, n: int = 4000) -> float:
     """Messages/s one process decrypts with process_batch (engine only)."""
     with tempfile.TemporaryDirectory() as root:
-        a, b = Engine(Path(root) / "a", b"a"), Engine(Path(root) / "b", b"b")
+        issuer = LocalIssuer()  # engine only: no relay checks these credentials
+        a = issuer.certify(Engine(Path(root) / "a", b"a"))
+        b = issuer.certify(Engine(Path(root) / "b", b"b"))
         group = a.create_group(b"bench/decrypt/bound")
         pending = group.add_members([b.generate_key_package()])
         group.apply_pending_commit()

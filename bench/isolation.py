@@ -46,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from svc_sdk._relay_pb import relay_pb2 as pb  # noqa: E402
+from svc_sdk.api_client import ApiClient  # noqa: E402
 from svc_sdk.mls import Engine  # noqa: E402
 from svc_sdk.relay_client import RelayConnection  # noqa: E402
 from svc_sdk.testing import LocalIssuer  # noqa: E402
@@ -245,6 +246,19 @@ class Probe:
         self._thread.join()
 
 
+def group_info(api_url: str, key: str) -> bytes:
+    """The GroupInfo the relay needs to create (and track) the channel: a real group whose
+    creator, the probe's identity, holds an agent credential from the account API."""
+    engine = Engine(Path(tempfile.mkdtemp()) / "bench", b"bench")
+    client = ApiClient(api_url, key)
+    try:
+        engine.set_trust_anchors(client.credential_keys())
+        engine.install_credential(client.agent_credential(engine))
+    finally:
+        client.close()
+    return engine.create_group(CHANNEL.encode()).group_info()
+
+
 async def round_trips(conn: RelayConnection, msg: bytes, seconds: float) -> list[float]:
     rtts: list[float] = []
     end = time.perf_counter() + seconds
@@ -282,7 +296,8 @@ async def measure(args: argparse.Namespace) -> None:
         msg = message()
         conn = RelayConnection(relay_url, reply.json()["token"], b"bench")
         await conn.open()
-        await conn.request(create=pb.CreateChannel(channel=CHANNEL))
+        info = await asyncio.to_thread(group_info, api_url, key)
+        await conn.request(create=pb.CreateChannel(channel=CHANNEL, group_info=info))
         await round_trips(conn, msg, 1.0)  # warm-up
         for name, kind, n in phases:
             attackers = start_attack(kind, api_url, args.seconds, n) if kind else []

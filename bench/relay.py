@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from svc_sdk._relay_pb import relay_pb2 as pb  # noqa: E402
+from svc_sdk.api_client import ApiClient  # noqa: E402
 from svc_sdk.mls import Engine  # noqa: E402
 from svc_sdk.relay_client import RelayConnection  # noqa: E402
 from svc_sdk.testing import LocalIssuer  # noqa: E402
@@ -59,11 +60,32 @@ async def wait_relay(target: str, token: str) -> None:
     while time.monotonic() < deadline:
         try:
             async with RelayConnection(target, token, b"probe") as conn:
-                await conn.request(create=pb.CreateChannel(channel=CHANNEL), timeout=2)
+                # Any answer will do (the channel may not exist yet): the relay is up.
+                await conn.request(create=pb.CreateChannel(channel=CHANNEL), timeout=2, check=False)
                 return
         except (grpc.aio.AioRpcError, ConnectionError, TimeoutError):
             await asyncio.sleep(0.2)
     raise SystemExit(f"relay {target} did not start")
+
+
+async def create_channel(target: str, token: str, api: tuple[str, str]) -> None:
+    """Creates the benchmark's channel once, as the relay requires: with the GroupInfo
+    of a real MLS group whose creator holds an agent credential from the account API.
+    Later CreateChannel frames without a GroupInfo only read the channel's head."""
+
+    def group_info() -> bytes:
+        engine = Engine(Path(tempfile.mkdtemp()) / "creator", b"creator")
+        client = ApiClient(*api)
+        try:
+            engine.set_trust_anchors(client.credential_keys())
+            engine.install_credential(client.agent_credential(engine))
+        finally:
+            client.close()
+        return engine.create_group(CHANNEL.encode()).group_info()
+
+    info = await asyncio.to_thread(group_info)
+    async with RelayConnection(target, token, b"creator") as conn:
+        await conn.request(create=pb.CreateChannel(channel=CHANNEL, group_info=info))
 
 
 def message(size: int) -> bytes:
@@ -234,10 +256,13 @@ def framing_bound(msg: bytes) -> float:
     return statistics.median(rounds)
 
 
-async def run_bench(args: argparse.Namespace, targets: list[str], token: str, pid: int) -> None:
+async def run_bench(
+    args: argparse.Namespace, targets: list[str], token: str, pid: int, api: tuple[str, str]
+) -> None:
     msg = message(256)
     for t in targets:
         await wait_relay(t, token)
+    await create_channel(targets[0], token, api)
     # Idle streams first, on a relay that has carried no traffic yet: memory freed after
     # the load phases is not returned to the OS and would inflate the reading.
     before, after = await idle_streams(targets[0], token, pid, 1000)
@@ -317,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         token = httpx.post(
             f"{api_url}/v1/tokens", headers={"Authorization": f"Bearer {key}"}
         ).json()["token"]
-        asyncio.run(run_bench(args, targets, token, relay_pid))
+        asyncio.run(run_bench(args, targets, token, relay_pid, (api_url, key)))
     finally:
         for proc in procs:
             proc.terminate()

@@ -84,6 +84,11 @@ class Settings(BaseSettings):
     subscriber_buffer: int = Field(
         4096, ge=16, description="Deliveries queued per stream before it is told it lagged"
     )
+    relay_group_cache_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="Memory for tracked MLS groups (snapshot bytes); least recently used go",
+    )
     relay_sync: str = Field(
         "normal", pattern="^(normal|full)$", description="SQLite log: fsync every batch (full)"
     )

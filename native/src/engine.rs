@@ -6,7 +6,6 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use mls_rs::client_builder::{BaseSqlConfig, WithCryptoProvider, WithIdentityProvider, WithMlsRules};
 use mls_rs::identity::{Credential, SigningIdentity};
-use mls_rs::mls_rules::{CommitOptions, DefaultMlsRules, EncryptionOptions};
 use mls_rs::storage_provider::sqlite::storage::SqLiteGroupStateStorage;
 use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList};
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
@@ -23,13 +22,14 @@ use crate::error::{EngineError, Result};
 use crate::group::GroupHandle;
 use crate::identity::{member_id, SvcIdentityProvider};
 use crate::message::{expect_kind, parse};
+use crate::policy::{initial_extensions, SvcRules, ROLES_EXTENSION};
 use crate::storage::{self, IdentityStore, StoredIdentity};
 use mls_rs_core::error::IntoAnyError;
 
 /// The crypto provider, chosen by measurement (docs/performance.md).
 pub type Crypto = mls_rs_crypto_awslc::AwsLcCryptoProvider;
 pub type Config =
-    WithIdentityProvider<SvcIdentityProvider, WithCryptoProvider<Crypto, WithMlsRules<DefaultMlsRules, BaseSqlConfig>>>;
+    WithIdentityProvider<SvcIdentityProvider, WithCryptoProvider<Crypto, WithMlsRules<SvcRules, BaseSqlConfig>>>;
 pub type MlsClient = Client<Config>;
 
 /// Suite 1, MLS_128_DHKEMX25519_AES128GCM_SHA256_Ed25519: with aws-lc it signs 1.7x and
@@ -343,11 +343,12 @@ impl Engine {
             return Err(EngineError::GroupExists(hex::encode(group_id)));
         }
         self.agent.usable()?;
+        let owner = self.member_id().ok_or(EngineError::NoCredential)?;
         let client = self.client();
         let mut group = client
             .create_group_with_id(
                 group_id.to_vec(),
-                ExtensionList::default(),
+                initial_extensions(owner),
                 ExtensionList::default(),
                 Some(MlsTime::now()),
             )
@@ -460,17 +461,10 @@ impl Engine {
 }
 
 fn build_client(db: &Path, agent: &Agent, suite: CipherSuite) -> Result<MlsClient> {
-    let rules = DefaultMlsRules::new()
-        // Handshakes travel as PrivateMessage: the relay learns epochs, not who joined or left.
-        .with_encryption_options(EncryptionOptions::new(true, Default::default()))
-        .with_commit_options(
-            CommitOptions::new()
-                .with_ratchet_tree_extension(true)
-                .with_single_welcome_message(true),
-        );
     let builder = mls_rs::client_builder::ClientBuilder::new_sqlite(storage::storage_engine(db))
         .map_err(|e| EngineError::Storage(e.to_string()))?
-        .mls_rules(rules)
+        .extension_type(mls_rs_core::extension::ExtensionType::new(ROLES_EXTENSION))
+        .mls_rules(SvcRules)
         .crypto_provider(Crypto::default())
         .identity_provider(agent.provider.clone());
     let current = agent.current.read().unwrap_or_else(|p| p.into_inner());

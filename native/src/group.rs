@@ -15,6 +15,7 @@ use crate::engine::{Agent, Config, MlsClient};
 use crate::error::{EngineError, Result};
 use crate::identity::member_id_of;
 use crate::message::{expect_kind, is_commit, parse};
+use crate::policy::{with_roles, Role, RolesExt};
 
 pub type MlsGroup = Group<Config>;
 
@@ -275,10 +276,10 @@ impl GroupHandle {
         self.read(|g| g.has_pending_commit())
     }
 
-    /// GroupInfo (with the ratchet tree) that allows an external commit into this epoch.
+    /// GroupInfo with the ratchet tree: what the relay observes the group from.
     pub fn group_info(&self) -> Result<Vec<u8>> {
         self.read(|g| {
-            g.group_info_message_allowing_ext_commit(true)
+            g.group_info_message(true)
                 .and_then(|m| m.to_bytes())
                 .map_err(|e| EngineError::mls("group info", e))
         })?
@@ -574,6 +575,57 @@ impl GroupHandle {
             let out = builder
                 .build()
                 .map_err(|e| EngineError::mls("remove member commit", e))?;
+            Self::finish_commit(g, out)
+        })
+    }
+
+    /// The channel's roles as this member's current epoch has them.
+    pub fn roles(&self) -> Result<RolesExt> {
+        self.read(|g| RolesExt::from_extensions(&g.context().extensions))?
+            .ok_or_else(|| EngineError::Mls {
+                op: "roles",
+                detail: "the group has no svc roles extension".into(),
+            })
+    }
+
+    /// Gives a member a role (owner hands ownership over; the old owner becomes an
+    /// admin). Only the owner and admins may; the policy refuses anything else.
+    pub fn set_role(&self, member: &[u8], role: Role) -> Result<PendingCommit> {
+        self.change_roles(|roles, members| {
+            if !members.iter().any(|(_, m)| m == member) {
+                return Err(EngineError::NotAMember(display_member(member)));
+            }
+            Ok(roles.with_role(member, role))
+        })
+    }
+
+    /// Whether plain members may create invites (default: only the owner and admins).
+    pub fn set_members_invite(&self, allowed: bool) -> Result<PendingCommit> {
+        self.change_roles(|roles, _| {
+            let mut next = roles.clone();
+            next.members_invite = allowed;
+            Ok(next)
+        })
+    }
+
+    fn change_roles(
+        &self,
+        change: impl FnOnce(&RolesExt, &[(u32, Vec<u8>)]) -> Result<RolesExt>,
+    ) -> Result<PendingCommit> {
+        self.mutate(|g| {
+            Self::ensure_no_pending(g)?;
+            let current = g.context().extensions.clone();
+            let roles = RolesExt::from_extensions(&current).ok_or_else(|| EngineError::Mls {
+                op: "roles",
+                detail: "the group has no svc roles extension".into(),
+            })?;
+            let next = change(&roles, &roster(g))?;
+            let out = self
+                .commit_builder(g)?
+                .set_group_context_ext(with_roles(&current, next))
+                .map_err(|e| EngineError::mls("roles change", e))?
+                .build()
+                .map_err(|e| EngineError::mls("roles change commit", e))?;
             Self::finish_commit(g, out)
         })
     }

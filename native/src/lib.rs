@@ -12,7 +12,9 @@ pub mod error;
 pub mod group;
 pub mod identity;
 pub mod message;
+pub mod policy;
 pub mod storage;
+pub mod tracker;
 
 #[cfg(feature = "python")]
 mod python;

@@ -4,6 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
+use _native::policy::Role;
 use _native::{Engine, EngineError, GroupHandle, Received};
 use tempfile::TempDir;
 
@@ -762,6 +763,9 @@ fn an_expired_own_credential_blocks_commits_until_renewed_and_the_renewal_reache
 
     // A stale leaf is renewed by any commit, not only self_update: bob's credential in the
     // group is his first one; after reinstalling, his removal-free add moves it too.
+    let promote = g.set_role(&mid("bob"), Role::Admin).unwrap();
+    g.apply_pending_commit().unwrap();
+    assert!(matches!(gb.process(&promote.commit).unwrap(), Received::Commit(_)));
     b.engine
         .install_credential(&common::credential_for(&b.engine, common::ACCOUNT))
         .unwrap();

@@ -8,7 +8,7 @@ from .. import __version__
 from ..config import Settings
 from . import problems
 from .deps import Services
-from .routes import accounts, credentials, invites, keys, meta, tokens
+from .routes import accounts, channels, credentials, invites, keys, meta, tokens
 
 
 def create_app(settings: Settings | None = None, services: Services | None = None) -> FastAPI:
@@ -24,6 +24,6 @@ def create_app(settings: Settings | None = None, services: Services | None = Non
     app.state.services = services
     problems.install(app)
     app.add_middleware(problems.BodyLimit, max_bytes=services.settings.max_body_size)
-    for module in (accounts, keys, tokens, credentials, invites, meta):
+    for module in (accounts, keys, tokens, credentials, invites, channels, meta):
         app.include_router(module.router)
     return app

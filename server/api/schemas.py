@@ -179,3 +179,71 @@ class CredentialOut(BaseModel):
     issuer: str = Field(description="kid of the key that signed it")
     not_before: datetime
     not_after: datetime
+
+
+ChannelRole = Literal["owner", "admin", "member"]
+
+
+class AgentOut(BaseModel):
+    """A channel member as its agent credential names it: account and identity."""
+
+    agent: str = Field(description="The identity as text: UTF-8, any other byte as a \\xNN escape")
+    identity: str = Field(description="The identity bytes, hex (exact)")
+    account_id: uuid.UUID
+
+
+class ChannelMemberOut(AgentOut):
+    role: ChannelRole
+    since_epoch: int = Field(description="The epoch of the commit that added this agent")
+
+
+class ChannelOut(BaseModel):
+    name: str
+    epoch: int = Field(description="The MLS epoch of the channel's newest accepted commit")
+    member_count: int = Field(description="Member agents of every account")
+    access: Literal["member", "invited"] = Field(
+        description="member: one of your agents is a member; invited: you hold a live "
+        "invite redemption and none of your agents is a member yet"
+    )
+    role: ChannelRole | None = Field(
+        description="The highest role of your agents in the channel; null when invited"
+    )
+    agents: list[ChannelMemberOut] = Field(description="Your agents that are members")
+
+
+class ChannelList(BaseModel):
+    channels: list[ChannelOut] = Field(description="The channels your account may use, by name")
+
+
+class ChannelMembers(BaseModel):
+    channel: str
+    epoch: int
+    members: list[ChannelMemberOut] = Field(
+        description="The roster after the newest accepted commit, oldest members first"
+    )
+
+
+ChannelEventKind = Literal["created", "added", "removed", "left", "role", "policy"]
+
+
+class ChannelEventOut(BaseModel):
+    id: int = Field(description="Increasing; pass the last one seen as `after`")
+    epoch: int = Field(description="The epoch the commit moved the channel to")
+    kind: ChannelEventKind
+    actor: AgentOut = Field(description="The member whose commit made the change")
+    subject: AgentOut | None = Field(
+        description="The member added, removed, leaving or given a role; null for policy"
+    )
+    detail: str = Field(
+        description="created: owner; role: the new role; policy: members-invite or "
+        "admins-invite; otherwise empty"
+    )
+    at: datetime = Field(description="When the relay recorded it")
+
+
+class ChannelEvents(BaseModel):
+    channel: str
+    events: list[ChannelEventOut] = Field(description="Oldest first")
+    next_after: int | None = Field(
+        description="The `after` of the next page when this one is full, else null"
+    )

@@ -6,6 +6,8 @@ import uuid
 from datetime import UTC, datetime
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
     DateTime,
     ForeignKey,
     Index,
@@ -99,29 +101,54 @@ class SigningKey(Base):
 
 
 class Channel(Base):
-    """A relay channel, registered by the account that created it."""
+    """A relay channel. Who may use it follows its MLS group as the relay tracks it:
+    ``channel_members`` mirrors the roster after every accepted commit."""
 
     __tablename__ = "channels"
 
     name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # The account that created it (its first owner); roles live in channel_members.
     owner_account_id: Mapped[uuid.UUID] = mapped_column(
         ForeignKey("accounts.id", ondelete="CASCADE")
     )
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    # The group's policy: whether plain members may create invites.
+    members_invite: Mapped[bool] = mapped_column(Boolean, default=False, server_default="0")
+    epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
-class ChannelAccess(Base):
-    """An account whose agents may use a channel (the owner, and admitted accounts)."""
+class ChannelMember(Base):
+    """One member of a channel's MLS group (an agent: account and identity) and its
+    role, as of the channel's newest accepted commit."""
 
-    __tablename__ = "channel_access"
+    __tablename__ = "channel_members"
 
     channel: Mapped[str] = mapped_column(
         ForeignKey("channels.name", ondelete="CASCADE"), primary_key=True
     )
-    account_id: Mapped[uuid.UUID] = mapped_column(
-        ForeignKey("accounts.id", ondelete="CASCADE"), primary_key=True
-    )
-    admitted_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    account_id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, index=True)
+    identity: Mapped[bytes] = mapped_column(LargeBinary, primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    since_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class ChannelEvent(Base):
+    """The audit trail: one membership change (created, added, removed, left, role,
+    policy), who made it and in which epoch. Kept after the accounts it names are gone."""
+
+    __tablename__ = "channel_events"
+    __table_args__ = (Index("ix_channel_events_channel_id", "channel", "id"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    channel: Mapped[str] = mapped_column(ForeignKey("channels.name", ondelete="CASCADE"))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(String(16))
+    actor_account_id: Mapped[uuid.UUID] = mapped_column(Uuid)
+    actor_identity: Mapped[bytes] = mapped_column(LargeBinary)
+    subject_account_id: Mapped[uuid.UUID | None] = mapped_column(Uuid, default=None)
+    subject_identity: Mapped[bytes | None] = mapped_column(LargeBinary, default=None)
+    detail: Mapped[str] = mapped_column(String(32), default="")
+    at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Invite(Base):

@@ -28,6 +28,20 @@ class RelayMetrics:
         self.commit_rejections = Counter(
             "svc_relay_commit_rejections_total", "Commits for a stale epoch", registry=r
         )
+        self.handshake_rejections = Counter(
+            "svc_relay_handshake_rejections_total",
+            "Commits and proposals refused by group validation, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.tracked_groups = Gauge(
+            "svc_relay_tracked_groups", "Tracked MLS groups held in memory", registry=r
+        )
+        self.tracked_group_bytes = Gauge(
+            "svc_relay_tracked_group_bytes",
+            "Size of the tracked groups held in memory (their snapshots)",
+            registry=r,
+        )
         self.lagged = Gauge(
             "svc_relay_lagged_total", "Subscribers told to resume from their cursor", registry=r
         )

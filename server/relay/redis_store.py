@@ -1,8 +1,9 @@
 """The scale-out log: Redis Streams shared by any number of stateless relay processes.
 
 Per channel, a stream ``svc:log:{channel}`` whose entry ids are ``<seq>-1`` (a cursor
-maps straight to a stream position) and a hash ``svc:meta:{channel}`` with the head
-sequence number, the current epoch and how far retention has trimmed. Appends, and the
+maps straight to a stream position), a hash ``svc:meta:{channel}`` with the head
+sequence number, the current epoch and how far retention has trimmed, and a hash
+``svc:group:{channel}`` with the tracked MLS group's state and version. Appends, and the
 epoch check of commits together with storing their Welcomes, are Lua scripts, so they
 are atomic across relay processes. Welcomes are kept per recipient
 (``svc:welcome:{member id hex}``, naming the commit's one stored Welcome) and announced
@@ -30,6 +31,7 @@ from .store import (
     CursorExpired,
     Entry,
     EntrySink,
+    GroupConflict,
     WelcomeEntry,
 )
 
@@ -50,22 +52,26 @@ redis.call('XADD', KEYS[2], seq .. '-1',
 return seq
 """
 
-# KEYS: meta, log, welcome stream. ARGV: sender, epoch, commit, stored_at, channel,
-# welcome, retention seconds, joiner member ids (hex)... The Welcome is stored once
+# KEYS: meta, log, welcome stream, group. ARGV: sender, epoch, commit, stored_at, channel,
+# welcome, retention seconds, group version, group state, joiner member ids (hex)... The
+# commit is stored only while the epoch and the tracked group's version are the ones it
+# was validated against, with the group state it leads to. The Welcome is stored once
 # (svc:welcome-blob:{channel}:{seq}); each joiner's hash names it, and one announcement
 # per commit lists the joiners.
 COMMIT = """
 local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
-if current ~= tonumber(ARGV[2]) then return {-1, current} end
+local version = tonumber(redis.call('HGET', KEYS[4], 'v') or '0')
+if current ~= tonumber(ARGV[2]) or version ~= tonumber(ARGV[8]) then return {-1, current} end
 local seq = redis.call('HINCRBY', KEYS[1], 'head', 1)
 redis.call('HSET', KEYS[1], 'epoch', current + 1)
+redis.call('HSET', KEYS[4], 'v', version + 1, 's', ARGV[9])
 redis.call('XADD', KEYS[2], seq .. '-1',
   's', ARGV[1], 'h', '1', 'e', ARGV[2], 'm', ARGV[3], 't', ARGV[4])
-if #ARGV >= 8 then
+if #ARGV >= 10 then
   local blob = 'svc:welcome-blob:' .. ARGV[5] .. ':' .. seq
   redis.call('SET', blob, ARGV[6], 'EX', ARGV[7])
   local joiners = {}
-  for i = 8, #ARGV do
+  for i = 10, #ARGV do
     local key = 'svc:welcome:' .. ARGV[i]
     redis.call('HSET', key, ARGV[5] .. '\\n' .. seq .. '\\n' .. (current + 1), blob)
     redis.call('EXPIRE', key, ARGV[7])
@@ -77,6 +83,21 @@ end
 return {seq, current + 1}
 """
 
+# KEYS: group. ARGV: state. A new channel's group, version 1, unless it has one.
+CREATE_GROUP = """
+if redis.call('HSETNX', KEYS[1], 'v', 1) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 's', ARGV[1])
+return 1
+"""
+
+# KEYS: group. ARGV: expected version, state.
+SAVE_GROUP = """
+local version = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+if version ~= tonumber(ARGV[1]) then return 0 end
+redis.call('HSET', KEYS[1], 'v', version + 1, 's', ARGV[2])
+return 1
+"""
+
 
 def _log(channel: str) -> str:
     return f"svc:log:{channel}"
@@ -84,6 +105,10 @@ def _log(channel: str) -> str:
 
 def _meta(channel: str) -> str:
     return f"svc:meta:{channel}"
+
+
+def _group(channel: str) -> str:
+    return f"svc:group:{channel}"
 
 
 def _entry(channel: str, stream_id: bytes, fields: dict[bytes, bytes]) -> Entry:
@@ -126,6 +151,8 @@ class RedisLogStore:
         self._follower: asyncio.Task[None] | None = None
         self._append: Any = None
         self._commit: Any = None
+        self._create_group: Any = None
+        self._save_group: Any = None
         self._appends: asyncio.Queue[tuple[str, bytes, bytes, int, asyncio.Future[Entry]]] = (
             asyncio.Queue()
         )
@@ -147,6 +174,8 @@ class RedisLogStore:
         await self._redis.ping()
         self._append = self._redis.register_script(APPEND)
         self._commit = self._redis.register_script(COMMIT)
+        self._create_group = self._redis.register_script(CREATE_GROUP)
+        self._save_group = self._redis.register_script(SAVE_GROUP)
         last = await self._redis.xrevrange(WELCOME_STREAM, count=1)
         self._welcomes_from = last[0][0] if last else b"0-0"
         self._follower = asyncio.create_task(self._follow())
@@ -214,16 +243,33 @@ class RedisLogStore:
         commit: bytes,
         welcome: bytes,
         joiners: Sequence[bytes],
+        group: tuple[int, bytes],
     ) -> Entry:
         now = time.time()
         recipients = [j.hex() for j in joiners] if welcome else []
+        version, state = group
+        args = [sender, epoch, commit, repr(now), channel, welcome, self._retention]
         seq, current = await self._commit(
-            keys=[_meta(channel), _log(channel), WELCOME_STREAM],
-            args=[sender, epoch, commit, repr(now), channel, welcome, self._retention, *recipients],
+            keys=[_meta(channel), _log(channel), WELCOME_STREAM, _group(channel)],
+            args=[*args, version, state, *recipients],
         )
         if int(seq) < 0:
             raise CommitRejected(int(current))
         return Entry(channel, int(seq), sender, True, epoch, commit, now)
+
+    async def create_group(self, channel: str, state: bytes) -> bool:
+        return bool(await self._create_group(keys=[_group(channel)], args=[state]))
+
+    async def save_group(self, channel: str, version: int, state: bytes) -> None:
+        if not await self._save_group(keys=[_group(channel)], args=[version, state]):
+            raise GroupConflict(channel)
+
+    async def group_version(self, channel: str) -> int:
+        return int(await self.redis.hget(_group(channel), "v") or 0)
+
+    async def group(self, channel: str) -> tuple[int, bytes] | None:
+        version, state = await self.redis.hmget(_group(channel), "v", "s")
+        return None if version is None or state is None else (int(version), state)
 
     async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:
         async with self.redis.pipeline(transaction=True) as pipe:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -18,7 +19,9 @@ from svc_sdk._relay_pb import relay_pb2 as pb
 from ..auth import Claims, InvalidToken
 from ..auth.key_packages import CredentialKeys
 from ..config import Settings
+from ..services.channels import Event
 from .access import Access
+from .groups import Groups, Validated, roster
 from .hub import Hub
 from .metrics import RelayMetrics
 from .session import StreamSession
@@ -56,18 +59,66 @@ class Relay:
         self.credential_keys = credential_keys
         self.metrics = metrics or RelayMetrics()
         self.hub = Hub()
+        self.groups = Groups(store, credential_keys, settings.relay_group_cache_bytes)
+        self.sessions: set[StreamSession] = set()
+        self._rechecks: set[asyncio.Task[None]] = set()
+        self.metrics.tracked_groups.set_function(lambda: self.groups.cached[0])
+        self.metrics.tracked_group_bytes.set_function(lambda: self.groups.cached[1])
         self.metrics.lagged.set_function(lambda: self.hub.lagged)
         self.store.set_sink(self._stored)
         self._trimmer: asyncio.Task[None] | None = None
 
     def _stored(self, entries: Any, welcomes: Any) -> None:
         self.hub.publish(entries, welcomes)
+        for channel in {e.channel for e in entries if e.handshake}:
+            task = asyncio.ensure_future(self._recheck(channel))
+            self._rechecks.add(task)
+            task.add_done_callback(self._rechecks.discard)
+
+    async def may_use(self, channel: str, account_id: uuid.UUID) -> bool:
+        """Access follows membership: an account may use a channel while one of its agents
+        is a member of the channel's tracked group, or while it holds a live invite
+        redemption for it (to post its join request and get its Welcome)."""
+        if account_id in await self.groups.accounts(channel):
+            return True
+        return await self.access.has_live_redemption(channel, account_id)
+
+    async def _recheck(self, channel: str) -> None:
+        """After a commit (from this relay process or another): every stream's access to
+        the channel is checked again; streams of accounts that lost it stop receiving it
+        at once (the commit that removed them is already in their outbox)."""
+        try:
+            for session in self.sessions:
+                session.allowed.pop(channel, None)
+            verdicts: dict[uuid.UUID, bool] = {}
+            for session in [s for s in self.sessions if channel in s.subscriptions]:
+                account = session.claims.account_id
+                if account not in verdicts:
+                    verdicts[account] = await self.may_use(channel, account)
+                if not verdicts[account]:
+                    session.revoke(channel)
+        except Exception:
+            log.exception("checking access to %s after a commit failed", channel)
+
+    async def membership_changed(
+        self, channel: str, validated: Validated, events: list[Event]
+    ) -> None:
+        """Mirrors an accepted commit's roster and audit events for the account API."""
+        group = validated.group
+        try:
+            await self.access.record(
+                channel, group.epoch, roster(group), group.roles().members_invite, events
+            )
+        except Exception:
+            log.exception("recording the roster of %s failed", channel)
 
     async def start(self) -> None:
         await self.store.start()
         self._trimmer = asyncio.create_task(self._trim_forever())
 
     async def close(self) -> None:
+        for task in list(self._rechecks):
+            task.cancel()
         if self._trimmer is not None:
             self._trimmer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -113,6 +164,7 @@ class Relay:
         # Tells the client the stream is accepted before it writes (RelayConnection.open).
         await context.send_initial_metadata(())
         session = StreamSession(self, claims, identity)
+        self.sessions.add(session)
         self.hub.connect(session.member, session.outbox)
         self.metrics.streams.inc()
         reader = asyncio.create_task(self._read(session, requests))
@@ -134,6 +186,7 @@ class Relay:
                 if task is not None:
                     task.cancel()
             session.shutdown()
+            self.sessions.discard(session)
             self.metrics.streams.dec()
         if session.closed is not None and session.closed[0] != grpc.StatusCode.OK:
             self.metrics.streams_ended.labels(session.closed[0].name).inc()

@@ -17,9 +17,10 @@ from svc_sdk.mls import MlsError, inspect
 from svc_sdk.names import is_valid_channel_name as valid_name
 
 from ..auth import Claims, InvalidToken
-from ..auth.key_packages import KeyPackageError
+from ..services.channels import Event
+from .groups import Invalid, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
-from .store import CommitRejected, CursorExpired, Entry
+from .store import CommitRejected, CursorExpired, Entry, GroupConflict
 
 if TYPE_CHECKING:
     from .service import Relay
@@ -33,6 +34,7 @@ STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 EXPIRED_CURSOR = grpc.StatusCode.OUT_OF_RANGE.value[0]
 UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+EXISTS = grpc.StatusCode.ALREADY_EXISTS.value[0]
 CATCH_UP_PAGE = 512
 # Publishes of one stream waiting to be stored; beyond this the stream stops reading
 # frames, and gRPC flow control pushes back on the client.
@@ -41,7 +43,10 @@ MAX_IN_FLIGHT = 1024
 MAX_UNREAD_REPLIES = 10_000
 # Messages in one Publish frame.
 MAX_PUBLISH_BATCH = 1024
-# Key packages one commit may add (each is verified before the commit is stored).
+# How long a stream's access check of a channel holds without asking again. Commits
+# clear it at once in every relay process that follows the channel; this bounds the rest.
+ACCESS_TTL = 2.0
+# Members one commit may add (each key package is verified before the commit is stored).
 MAX_JOINERS = 1000
 
 
@@ -68,7 +73,8 @@ class StreamSession:
         self.member = claims.account_id.bytes + identity
         self.outbox = Outbox(relay.settings.subscriber_buffer)
         self.subscriptions: dict[str, Subscription] = {}
-        self.allowed: set[str] = set()
+        # Channels this stream may use, with when that was last checked.
+        self.allowed: dict[str, float] = {}
         self.closed: tuple[grpc.StatusCode, str] | None = None
         self.close_event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -146,11 +152,20 @@ class StreamSession:
             raise RequestError(
                 INVALID, f"invalid channel name: {channel!r}; expected org/namespace/service"
             )
-        if channel in self.allowed:
+        checked = self.allowed.get(channel)
+        if checked is not None and time.monotonic() - checked < ACCESS_TTL:
             return
-        if not await self.relay.access.can_use(channel, self.claims.account_id):
+        if not await self.relay.may_use(channel, self.claims.account_id):
+            self.allowed.pop(channel, None)
             raise _denied(channel)
-        self.allowed.add(channel)
+        self.allowed[channel] = time.monotonic()
+
+    def revoke(self, channel: str) -> None:
+        """The account lost access to ``channel``: this stream stops receiving it."""
+        self.allowed.pop(channel, None)
+        sub = self.subscriptions.get(channel)
+        if sub is not None:
+            self._drop(sub)
 
     def _check_size(self, data: bytes, what: str) -> None:
         limit = self.relay.settings.max_message_bytes
@@ -169,27 +184,46 @@ class StreamSession:
         return info.wire_format, info.content_type, info.epoch
 
     async def _on_create(self, request_id: int, req: pb.CreateChannel) -> None:
+        if not req.group_info:  # the channel's head, for an agent with access
+            await self._check_channel(req.channel)
+            head, epoch = await self.relay.store.head(req.channel)
+            self.reply(request_id, head_seq=head, epoch=epoch)
+            return
         if not valid_name(req.channel):
             raise RequestError(
                 INVALID, f"invalid channel name: {req.channel!r}; expected org/namespace/service"
             )
-        if not await self.relay.access.create(req.channel, self.claims.account_id):
+        self._check_size(req.group_info, "group_info")
+        groups = self.relay.groups
+        try:
+            group = await groups.observe(req.channel, req.group_info, self.member)
+        except Invalid as exc:
+            raise RequestError(INVALID, f"group_info refused: {exc}") from None
+        if await self.relay.access.create(req.channel, self.claims.account_id) == "denied":
             raise _denied(req.channel)
-        self.allowed.add(req.channel)
+        async with groups.lock(req.channel):
+            if not await groups.create(req.channel, group):
+                raise RequestError(
+                    EXISTS, f"channel {req.channel!r} already exists; join it with an invite"
+                )
+            created = Event("created", split(self.member), split(self.member), "owner")
+            await self.relay.access.record(req.channel, 0, roster(group), False, [created])
+        self.allowed[req.channel] = time.monotonic()
         head, epoch = await self.relay.store.head(req.channel)
         self.reply(request_id, head_seq=head, epoch=epoch)
 
-    async def _on_admit(self, request_id: int, req: pb.Admit) -> None:
-        await self._check_channel(req.channel)
-        account = _uuid(req.account_id, "account_id")
-        result = await self.relay.access.admit(req.channel, self.claims.account_id, account)
-        if result == "not-owner":
-            raise RequestError(
-                DENIED, f"only the owner account of channel {req.channel!r} admits other accounts"
-            )
-        if result == "no-account":
-            raise RequestError(INVALID, "no such account")
-        self.reply(request_id)
+    async def _validated(self, channel: str, message: bytes, epoch: int) -> Validated:
+        """``message`` validated against the channel's tracked group (call under the
+        channel's lock); RequestError saying why not."""
+        try:
+            return await self.relay.groups.validate(channel, message, epoch)
+        except Stale as exc:
+            raise RequestError(STALE, str(exc), epoch=exc.current_epoch) from None
+        except Invalid as exc:
+            policy = "policy:" in str(exc)
+            self.relay.metrics.handshake_rejections.labels("policy" if policy else "invalid").inc()
+            code = DENIED if policy else INVALID
+            raise RequestError(code, f"handshake refused: {exc}") from None
 
     async def _on_publish(self, request_id: int, req: pb.Publish) -> None:
         await self._check_channel(req.channel)
@@ -201,10 +235,15 @@ class StreamSession:
             what = "message" if count == 1 else f"message {i}"
             self._check_size(message, what)
             wire, content, epoch = self._inspect(message, req.channel, what)
-            if wire not in ("private_message", "public_message") or content == "commit":
+            if content == "proposal":
+                if count != 1:
+                    raise RequestError(INVALID, "a proposal travels alone in its Publish")
+                await self._propose(req.channel, message, epoch or 0)
+            elif wire != "private_message" or content != "application":
                 raise RequestError(
                     INVALID,
-                    "Publish takes application messages and proposals; send commits with Commit",
+                    "Publish takes application messages (PrivateMessages) and proposals; "
+                    "send commits with Commit",
                 )
             epochs.append(epoch or 0)
         # Queued now, in frame order; the reader goes on to the next frame at once and the
@@ -220,6 +259,19 @@ class StreamSession:
             self._stored(request_id, stored)  # an idle store commits at once: no task
         else:
             self.spawn(self._reply_when_stored(request_id, stored))
+
+    async def _propose(self, channel: str, proposal: bytes, epoch: int) -> None:
+        """A member's proposal to leave: validated and kept in the tracked group, so the
+        commit that includes it validates too."""
+        groups = self.relay.groups
+        async with groups.lock(channel):
+            v = await self._validated(channel, proposal, epoch)
+            try:
+                await self.relay.store.save_group(channel, v.version, v.snapshot)
+            except GroupConflict as exc:
+                groups.evict(channel)
+                raise RequestError(STALE, str(exc), epoch=epoch) from None
+            groups.accepted(channel, v)
 
     async def _reply_when_stored(
         self, request_id: int, stored: asyncio.Future[list[Entry]]
@@ -267,47 +319,52 @@ class StreamSession:
             raise RequestError(INVALID, "Commit takes an MLS commit")
         if epoch != req.epoch:
             raise RequestError(INVALID, f"commit is for epoch {epoch}, the frame says {req.epoch}")
-        joiners = await self._joiners(req)
-        try:
-            entry = await self.relay.store.commit(
-                req.channel, self.member, req.epoch, req.commit, req.welcome, joiners
-            )
-        except CommitRejected as exc:
-            self.relay.metrics.commit_rejections.inc()
-            raise RequestError(STALE, str(exc), epoch=exc.current_epoch) from None
+        groups = self.relay.groups
+        async with groups.lock(req.channel):
+            v = await self._validated(req.channel, req.commit, req.epoch)
+            joiners = self._joiners(req, v)
+            try:
+                entry = await self.relay.store.commit(
+                    req.channel,
+                    self.member,
+                    req.epoch,
+                    req.commit,
+                    req.welcome,
+                    joiners,
+                    (v.version, v.snapshot),
+                )
+            except CommitRejected as exc:
+                groups.evict(req.channel)
+                self.relay.metrics.commit_rejections.inc()
+                raise RequestError(STALE, str(exc), epoch=exc.current_epoch) from None
+            groups.accepted(req.channel, v)
         self.relay.metrics.messages.labels("commit").inc()
         self.relay.metrics.bytes.inc(len(req.commit))
         self.reply(request_id, seq=entry.seq, epoch=entry.epoch + 1)
+        await self.relay.membership_changed(req.channel, v, events(v))
 
-    async def _joiners(self, req: pb.Commit) -> list[bytes]:
-        """Whom the commit's Welcome goes to: the verified owners of the key packages it
-        adds. Each key package's credential must check out, and the Welcome must be
-        addressed to exactly those key packages, so a Welcome reaches only an agent that
-        can use it and no committer can name recipients of its choosing."""
+    def _joiners(self, req: pb.Commit, v: Validated) -> list[bytes]:
+        """Whom the commit's Welcome goes to: the members the validated commit adds. The
+        Welcome must be addressed to exactly their key packages, so it reaches only an
+        agent that can use it and no committer can name recipients of its choosing."""
+        added = v.observed.added
+        if len(added) > MAX_JOINERS:
+            raise RequestError(INVALID, f"a commit adds at most {MAX_JOINERS} members")
         if not req.welcome:
-            if req.key_packages:
-                raise RequestError(INVALID, "key_packages without a welcome")
+            if added:
+                raise RequestError(INVALID, "a commit that adds members needs their Welcome")
             return []
-        if len(req.key_packages) > MAX_JOINERS:
-            raise RequestError(INVALID, f"a commit adds at most {MAX_JOINERS} key packages")
-        for i, kp in enumerate(req.key_packages):
-            self._check_size(kp, f"key package {i}")
         try:
             info = inspect(req.welcome)
         except MlsError as exc:
             raise RequestError(INVALID, f"welcome: {exc}") from None
         if info.wire_format != "welcome":
             raise RequestError(INVALID, f"welcome must be an MLS Welcome, not a {info.wire_format}")
-        keys = self.relay.credential_keys
-        try:
-            owners = await asyncio.to_thread(lambda: [keys.owner(kp) for kp in req.key_packages])
-        except KeyPackageError as exc:
-            raise RequestError(INVALID, f"key package refused: {exc}") from None
-        if sorted(o.reference for o in owners) != sorted(info.welcome_refs):
+        if sorted(ref for _, ref in added) != sorted(info.welcome_refs):
             raise RequestError(
-                INVALID, "the welcome is not addressed to exactly the key packages sent with it"
+                INVALID, "the welcome is not addressed to exactly the members the commit adds"
             )
-        return [o.member_id for o in owners]
+        return [member for member, _ in added]
 
     async def _on_subscribe(self, request_id: int, req: pb.Subscribe) -> None:
         await self._check_channel(req.channel)

@@ -26,6 +26,7 @@ from .store import (
     CursorExpired,
     Entry,
     EntrySink,
+    GroupConflict,
     WelcomeEntry,
 )
 
@@ -63,6 +64,12 @@ CREATE TABLE IF NOT EXISTS welcome_recipients (
     PRIMARY KEY (recipient, channel, seq)
 ) WITHOUT ROWID;
 DROP TABLE IF EXISTS welcomes;
+-- The relay's tracked MLS group of each channel; version counts every stored change.
+CREATE TABLE IF NOT EXISTS groups (
+    channel TEXT PRIMARY KEY,
+    version INTEGER NOT NULL,
+    state BLOB NOT NULL
+) WITHOUT ROWID;
 """
 
 # The most a write may carry to be committed on the event loop (see _enqueue).
@@ -284,10 +291,18 @@ class SqliteLogStore:
         commit: bytes,
         welcome: bytes,
         joiners: Sequence[bytes],
+        group: tuple[int, bytes],
     ) -> Entry:
+        version, state = group
+
         def op(conn: sqlite3.Connection) -> tuple[Entry, list[Entry], list[WelcomeEntry]]:
             head, current = self._channel_row(conn, channel)
-            if epoch != current:
+            moved = conn.execute(
+                "UPDATE groups SET version = version + 1, state = ? "
+                "WHERE channel = ? AND version = ?",
+                (state, channel, version),
+            )
+            if epoch != current or moved.rowcount != 1:
                 raise CommitRejected(current)
             now = time.time()
             entry = Entry(channel, head + 1, sender, True, epoch, commit, now)
@@ -312,8 +327,32 @@ class SqliteLogStore:
                 )
             return entry, [entry], new_welcomes
 
-        result: Entry = await self._write(op, len(commit) + len(welcome))
+        result: Entry = await self._write(op, len(commit) + len(welcome) + len(state))
         return result
+
+    async def create_group(self, channel: str, state: bytes) -> bool:
+        def op(conn: sqlite3.Connection) -> tuple[bool, list[Entry], list[WelcomeEntry]]:
+            self._channel_row(conn, channel)
+            added = conn.execute(
+                "INSERT OR IGNORE INTO groups VALUES (?, 1, ?)", (channel, state)
+            ).rowcount
+            return added == 1, [], []
+
+        result: bool = await self._write(op, len(state))
+        return result
+
+    async def save_group(self, channel: str, version: int, state: bytes) -> None:
+        def op(conn: sqlite3.Connection) -> tuple[None, list[Entry], list[WelcomeEntry]]:
+            moved = conn.execute(
+                "UPDATE groups SET version = version + 1, state = ? "
+                "WHERE channel = ? AND version = ?",
+                (state, channel, version),
+            )
+            if moved.rowcount != 1:
+                raise GroupConflict(channel)
+            return None, [], []
+
+        await self._write(op, len(state))
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, e: Entry) -> None:
@@ -359,6 +398,26 @@ class SqliteLogStore:
             return (row[0], row[1]) if row else (0, 0)
 
         result: tuple[int, int] = await self._read(fn)
+        return result
+
+    async def group_version(self, channel: str) -> int:
+        def fn(conn: sqlite3.Connection) -> int:
+            row = conn.execute(
+                "SELECT version FROM groups WHERE channel = ?", (channel,)
+            ).fetchone()
+            return int(row[0]) if row else 0
+
+        result: int = await self._read(fn)
+        return result
+
+    async def group(self, channel: str) -> tuple[int, bytes] | None:
+        def fn(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
+            row = conn.execute(
+                "SELECT version, state FROM groups WHERE channel = ?", (channel,)
+            ).fetchone()
+            return (int(row[0]), bytes(row[1])) if row else None
+
+        result: tuple[int, bytes] | None = await self._read(fn)
         return result
 
     async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:

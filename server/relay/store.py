@@ -44,6 +44,14 @@ class CommitRejected(Exception):
         self.current_epoch = current_epoch
 
 
+class GroupConflict(Exception):
+    """The channel's stored group changed since it was loaded (another relay process, or
+    a concurrent request, stored a newer state first)."""
+
+    def __init__(self, channel: str) -> None:
+        super().__init__(f"the group of channel {channel!r} changed meanwhile; retry")
+
+
 class CursorExpired(Exception):
     """Messages after the cursor were removed by retention."""
 
@@ -92,8 +100,27 @@ class LogStore(Protocol):
         commit: bytes,
         welcome: bytes,
         joiners: Sequence[bytes],
+        group: tuple[int, bytes],
     ) -> Entry:
-        """Appends the commit if ``epoch`` is current, else raises CommitRejected."""
+        """Appends the commit and stores the group state it leads to, if ``epoch`` is
+        current and the stored group is still at version ``group[0]``; else raises
+        CommitRejected. ``group[1]`` becomes version ``group[0] + 1``."""
+        ...
+
+    async def create_group(self, channel: str, state: bytes) -> bool:
+        """Stores a new channel's tracked group as version 1; False if it has one."""
+        ...
+
+    async def save_group(self, channel: str, version: int, state: bytes) -> None:
+        """Replaces the group state at ``version`` (GroupConflict if it moved on)."""
+        ...
+
+    async def group_version(self, channel: str) -> int:
+        """The stored group's version; 0 if the channel has none."""
+        ...
+
+    async def group(self, channel: str) -> tuple[int, bytes] | None:
+        """(version, state) of the channel's tracked group."""
         ...
 
     async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ..db.models import ChannelAccess, Invite, JoinRequest
+from ..db.models import Invite, JoinRequest
 from . import channels
 
 PREFIX = "svc_inv_"
@@ -34,7 +33,7 @@ class InviteError(Exception):
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
-        self.kind = kind  # "not-found" | "not-owner" | "expired" | "used-up"
+        self.kind = kind  # "not-found" | "not-admin" | "expired" | "used-up"
 
 
 @dataclass(frozen=True)
@@ -60,15 +59,15 @@ def create(
     ttl: int,
     now: datetime,
 ) -> NewInvite:
-    """An invite to ``channel``, which must be the account's own: an account admitted to
-    someone else's channel cannot let further accounts in."""
+    """An invite to ``channel``, by an account with an owner or admin in it (or any
+    member, when the channel's policy lets members invite)."""
     if not channels.has_access(session, channel, account_id):
         # The same answer whether the channel exists or not.
         raise InviteError("not-found", f"no channel {channel!r} in your account")
-    if not channels.is_owner(session, channel, account_id):
+    if not channels.can_invite(session, channel, account_id):
         raise InviteError(
-            "not-owner",
-            f"only the account that created channel {channel!r} can invite to it",
+            "not-admin",
+            f"only accounts with an owner or admin in channel {channel!r} invite to it",
         )
     token = PREFIX + secrets.token_urlsafe(32)
     invite = Invite(
@@ -124,12 +123,6 @@ def redeem(
     )
     if used.rowcount != 1:  # type: ignore[attr-defined]
         raise InviteError("used-up", "invite token has no uses left")
-    if not channels.has_access(session, channel, account_id):
-        try:
-            with session.begin_nested():
-                session.add(ChannelAccess(channel=channel, account_id=account_id, admitted_at=now))
-        except IntegrityError:  # the same account redeemed concurrently
-            pass
     request = JoinRequest(
         invite_id=invite.id,
         channel=channel,

@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from svc_sdk.agent_id import AgentId
+from svc_sdk.audit import ChannelEvent, ChannelMember, ChannelSummary
 from svc_sdk.channel import Channel, Message, MessageIterator
 from svc_sdk.client import SvcClient
 from svc_sdk.envelope import Envelope, Protocol
@@ -67,7 +68,10 @@ __all__ = [
     "AuthError",
     "Channel",
     "ChannelClosedError",
+    "ChannelEvent",
+    "ChannelMember",
     "ChannelNameError",
+    "ChannelSummary",
     "Envelope",
     "InternalError",
     "InviteError",

@@ -1,4 +1,5 @@
-"""``svc signup``, ``svc keys`` and ``svc token``: the account API from the shell."""
+"""``svc signup``, ``svc keys``, ``svc token`` and ``svc channels``: the account API from
+the shell."""
 
 from __future__ import annotations
 
@@ -11,13 +12,22 @@ from typing import Any
 import httpx
 
 from svc_sdk import credentials
+from svc_sdk.agent_id import AgentId
+from svc_sdk.names import check_channel_name
 
 
 class CliError(Exception):
     pass
 
 
-def _request(method: str, path: str, *, key: str | None, body: Any = None) -> httpx.Response:
+def _request(
+    method: str,
+    path: str,
+    *,
+    key: str | None,
+    body: Any = None,
+    params: dict[str, int] | None = None,
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         response = httpx.request(
@@ -25,6 +35,7 @@ def _request(method: str, path: str, *, key: str | None, body: Any = None) -> ht
             credentials.api_url() + path,
             headers=headers,
             json=body,
+            params=params,
             timeout=10,
             verify=credentials.tls_verify(),
         )
@@ -135,6 +146,58 @@ def token(args: argparse.Namespace) -> None:
         print(data["token"])
 
 
+def _agent(data: dict[str, Any]) -> str:
+    """``name@account``, as the library prints an AgentId."""
+    return str(AgentId(str(data["account_id"]), bytes.fromhex(data["identity"])))
+
+
+def channels_list(args: argparse.Namespace) -> None:
+    data = _request("GET", "/v1/channels", key=_key()).json()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return
+    rows = [
+        {
+            **c,
+            "role": c["role"] or "-",
+            "agents": ", ".join(a["agent"] for a in c["agents"]) or "-",
+        }
+        for c in data["channels"]
+    ]
+    print(_table(rows, ["name", "access", "role", "agents", "member_count", "epoch"]))
+
+
+def channels_members(args: argparse.Namespace) -> None:
+    name = check_channel_name(args.name)
+    data = _request("GET", f"/v1/channels/{name}/members", key=_key()).json()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return
+    print(f"{data['channel']} at epoch {data['epoch']}: {len(data['members'])} members")
+    print(_table(data["members"], ["agent", "account_id", "role", "since_epoch"]))
+
+
+def channels_events(args: argparse.Namespace) -> None:
+    name = check_channel_name(args.name)
+    params = {"after": args.after, "limit": args.limit}
+    data = _request("GET", f"/v1/channels/{name}/events", key=_key(), params=params).json()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return
+    rows = [
+        {
+            **e,
+            "actor": _agent(e["actor"]),
+            "subject": _agent(e["subject"]) if e["subject"] else "-",
+            "detail": e["detail"] or "-",
+        }
+        for e in data["events"]
+    ]
+    print(_table(rows, ["id", "epoch", "at", "kind", "actor", "subject", "detail"]))
+    if data["next_after"] is not None:
+        print(f"more: svc channels events {name} --after {data['next_after']}", file=sys.stderr)
+
+
 def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def json_flag(p: argparse.ArgumentParser) -> None:
         p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -163,3 +226,44 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = sub.add_parser("token", help="exchange the API key for a relay JWT")
     json_flag(p)
     p.set_defaults(func=token)
+
+    chans = sub.add_parser(
+        "channels", help="your account's channels, their members and audit trails"
+    )
+    chans_sub = chans.add_subparsers(dest="channels_command", required=True, metavar="ACTION")
+    p = chans_sub.add_parser(
+        "list", help="channels with one of your agents in them, or a live invite redemption"
+    )
+    json_flag(p)
+    p.set_defaults(func=channels_list)
+    p = chans_sub.add_parser("members", help="a channel's members and their roles")
+    p.add_argument("name", help="the channel, org/namespace/service")
+    json_flag(p)
+    p.set_defaults(func=channels_members)
+    p = chans_sub.add_parser(
+        "events", help="a channel's audit trail: who added, removed, left, roles, policy"
+    )
+    p.add_argument("name", help="the channel, org/namespace/service")
+    p.add_argument(
+        "--after", type=_event_id, default=0, help="only events with a larger id than this"
+    )
+    p.add_argument("--limit", type=_page_size, default=100, help="at most this many (1-1000)")
+    json_flag(p)
+    p.set_defaults(func=channels_events)
+
+
+def _event_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
+def _page_size(text: str) -> int:
+    value = _event_id(text)
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be 1 to 1000, not {value}")
+    return value

@@ -1,4 +1,4 @@
-"""``AgentId``: who a channel member is, as its verified credential says.
+r"""``AgentId``: who a channel member is, as its verified credential says.
 
 An agent identity (``b"alice"``) is chosen by its account, so two accounts can both run
 an ``alice``. What a channel knows about a member is the pair its agent credential binds
@@ -7,6 +7,8 @@ and every member verified: the account that holds the key, and the identity.
 >>> who = AgentId("6f1c1c3e-5d0e-4d2b-9a43-0b8f3f2d6a10", b"alice")
 >>> str(who)
 'alice@6f1c1c3e-5d0e-4d2b-9a43-0b8f3f2d6a10'
+>>> AgentId(who.account, b"caf\xc3\xa9 \xff").name
+'café \\xff'
 >>> AgentId.from_member_id(who.member_id) == who
 True
 """
@@ -40,5 +42,10 @@ class AgentId:
         """``account (16 bytes) || identity``: how MLS groups and the relay name the agent."""
         return uuid.UUID(self.account).bytes + self.identity
 
+    @property
+    def name(self) -> str:
+        """The identity as text, for people: UTF-8, other bytes as ``\\xNN`` escapes."""
+        return self.identity.decode(errors="backslashreplace")
+
     def __str__(self) -> str:
-        return f"{self.identity.decode(errors='backslashreplace')}@{self.account}"
+        return f"{self.name}@{self.account}"

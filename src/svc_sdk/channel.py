@@ -33,6 +33,7 @@ from svc_sdk._native import Group, MlsError, PendingCommit, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import (
+    AccessError,
     ChannelClosedError,
     InternalError,
     PayloadTooLargeError,
@@ -67,11 +68,10 @@ IDLE_FLUSH_SECONDS = 0.005  # a reader waiting this long records what it read
 
 # Which buffered messages a reader wants (adapters pick their protocol's envelopes).
 Accept = Callable[["Message"], bool]
+
+
 # A commit to send and the key packages it adds (the relay routes the Welcome to their
 # verified owners).
-Planned = tuple[PendingCommit, list[bytes]]
-
-
 class Message:
     """A decrypted message: its position in the channel, the payload, and ``sender``, the
     :class:`AgentId` (account and identity) its verified credential names."""
@@ -152,7 +152,8 @@ class Channel:
         self._join_requests: list[tuple[bytes, bytes]] = []
         self._proposals = False
         self._in_commit = False
-        #: Add agents whose invite redemption reaches the channel (see join_with_token).
+        #: Add agents whose invite redemption reaches the channel (see join_with_token), when
+        #: this agent is the channel's owner or an admin.
         self.auto_admit = True
 
     def __repr__(self) -> str:
@@ -184,6 +185,34 @@ class Channel:
             self._check_open()
             self._drain_available()
             return [AgentId.from_member_id(m) for m in self._group.members()]
+
+    def roles(self) -> dict[AgentId, str]:
+        """Every member's role: "owner", "admin" or "member". Roles are part of the
+        group's state: every member and the relay enforce the same rules (only the owner
+        and admins add or remove others and change roles; docs/security.md)."""
+        with self._lock:
+            self._check_open()
+            self._drain_available()
+            roles = self._group.roles()
+            return {AgentId.from_member_id(m): roles.role(m) for m in self._group.members()}
+
+    def set_role(self, member: AgentId | bytes | str, role: str) -> None:
+        """Gives a member ``role``: "admin", "member", or "owner" (the owner hands
+        ownership over and becomes an admin). Only the owner and admins may; the owner's
+        role changes only by the owner handing it over."""
+        if role not in ("owner", "admin", "member"):
+            raise ValueError(f"role must be 'owner', 'admin' or 'member', not {role!r}")
+        member_id = self._member_id(member)
+        self._commit(lambda: self._group.set_role(member_id, role))
+
+    def set_members_invite(self, allowed: bool) -> None:
+        """Whether plain members may create invites to this channel (default: only
+        accounts with an owner or admin in it). Only the owner and admins may change it."""
+        self._commit(lambda: self._group.set_members_invite(bool(allowed)))
+
+    def _is_admin(self) -> bool:
+        me = self._client.engine.member_id
+        return me is not None and self._group.roles().role(me) != "member"
 
     @property
     def closed(self) -> bool:
@@ -591,7 +620,7 @@ class Channel:
         info = inspect(kp)
         if info.wire_format != "key_package":
             raise MlsError(f"MLS engine error: expected a key package, got a {info.wire_format}")
-        pending = self._commit(lambda: (self._group.add_members([kp]), [kp]))
+        pending = self._commit(lambda: self._group.add_members([kp]))
         assert pending is not None and pending.welcome is not None
         return pending.welcome
 
@@ -599,7 +628,7 @@ class Channel:
         """Removes a member; it can no longer read what is sent afterwards. ``member`` is
         an :class:`AgentId`, or an identity (bytes or str) that exactly one member has."""
         member_id = self._member_id(member)
-        self._commit(lambda: (self._group.remove_members([member_id]), []))
+        self._commit(lambda: self._group.remove_members([member_id]))
 
     def _member_id(self, member: AgentId | bytes | str) -> bytes:
         if isinstance(member, AgentId):
@@ -621,7 +650,7 @@ class Channel:
 
     def update_keys(self) -> None:
         """Refreshes this agent's keys (an MLS update): post-compromise security."""
-        self._commit(lambda: (self._group.self_update(), []))
+        self._commit(self._group.self_update)
 
     def leave(self, timeout: float = 5.0) -> None:
         """Leaves the channel: asks the other members (an MLS remove proposal) to commit
@@ -630,6 +659,13 @@ class Channel:
         with self._lock:
             self._check_open()
             self._drain_available()
+            me = self._client.engine.member_id
+            owner = me is not None and self._group.roles().role(me) == "owner"
+            if owner and len(self._group.members()) > 1:
+                raise AccessError(
+                    f"channel {self.name!r}: the owner cannot leave; hand ownership over "
+                    "first (set_role(member, 'owner'))"
+                )
             proposal = self._group.propose_leave()
             self._relay(publish=pb.Publish(channel=self.name, message=[proposal]))
         deadline = time.monotonic() + timeout
@@ -644,7 +680,7 @@ class Channel:
     def _relay(self, retry: bool = True, **kind: Any) -> pb.Reply:
         return self._client._request(self.name, retry, **kind)
 
-    def _commit(self, make: Callable[[], Planned | None]) -> PendingCommit | None:
+    def _commit(self, make: Callable[[], PendingCommit | None]) -> PendingCommit | None:
         """Builds a commit with ``make`` (None: nothing to do any more) and gets it
         accepted, retrying when another member's commit wins the epoch."""
         link = self._client.link
@@ -657,16 +693,14 @@ class Channel:
                     self._check_open()
                     if self._group.has_pending_commit:
                         self._settle()  # left by a crash or a lost connection
-                    planned = make()
-                    if planned is None:
+                    pending = make()
+                    if pending is None:
                         return None
-                    pending, joiners = planned
                     frame = pb.Commit(
                         channel=self.name,
                         epoch=pending.epoch,
                         commit=pending.commit,
                         welcome=pending.welcome or b"",
-                        key_packages=joiners,
                     )
                     try:
                         self._client.wait(
@@ -736,21 +770,25 @@ class Channel:
         except (SvcError, MlsError) as exc:
             log.warning("channel %s: %s", self.name, exc)
 
-    def _next_admission(self) -> Planned | None:
+    def _next_admission(self) -> PendingCommit | None:
+        if not self._is_admin():
+            # Only the owner and admins add members; a redemption is for them to act on.
+            self._join_requests.clear()
+            return None
         members = set(self._group.members())
         self._join_requests = [(w, kp) for w, kp in self._join_requests if w not in members]
         # One commit per joiner: a bad key package cannot hold up the others.
         while self._join_requests:
             who, kp = self._join_requests[0]
             try:
-                return self._group.add_members([kp]), [kp]
+                return self._group.add_members([kp])
             except MlsError as exc:
                 log.warning("channel %s: join request from %r dropped: %s", self.name, who, exc)
                 self._join_requests.pop(0)
         return None
 
-    def _commit_proposals(self) -> Planned | None:
-        return (self._group.self_update(), []) if self._proposals else None
+    def _commit_proposals(self) -> PendingCommit | None:
+        return self._group.self_update() if self._proposals else None
 
 
 class _Progress:

@@ -22,9 +22,9 @@ from svc_sdk._native import Engine, MlsError
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.api_client import ApiClient
+from svc_sdk.audit import ChannelEvent, ChannelMember, ChannelSummary
 from svc_sdk.channel import Channel
 from svc_sdk.errors import (
-    AccessError,
     AuthError,
     ChannelClosedError,
     InviteError,
@@ -40,6 +40,8 @@ from svc_sdk.relay_link import RelayLink
 log = logging.getLogger("svc_sdk")
 T = TypeVar("T")
 MAX_IDENTITY = 1024
+#: The most events ``channel_events`` returns at once (the API's limit).
+MAX_EVENTS_PAGE = 1000
 #: A credential is renewed when this fraction of its lifetime has passed.
 RENEW_AT = 0.75
 #: After a failed renewal, the next try.
@@ -274,13 +276,17 @@ class SvcClient:
             existing = self._channels.get(name)
         if existing is not None:
             return existing
-        reply = self._request(name, create=pb.CreateChannel(channel=name))
-        if reply.head_seq:
-            raise AccessError(
-                f"channel {name!r} already exists; join it with an invite or a Welcome"
-            )
+        # The relay tracks the group from here on: it must see the group as created, with
+        # this agent its only member and owner.
         group = self.engine.create_group(name.encode())
-        self.state.add_channel(name, 0, 0)
+        try:
+            self._request(
+                name, create=pb.CreateChannel(channel=name, group_info=group.group_info())
+            )
+            self.state.add_channel(name, 0, 0)
+        except BaseException:
+            self.engine.delete_group(name.encode())
+            raise
         try:
             return self._register(name, group, 0, 0)
         except BaseException:
@@ -372,6 +378,40 @@ class SvcClient:
                 return self.join_channel(channel, welcome.welcome, after_seq=welcome.seq)
             except MlsError:
                 continue  # a Welcome for an older key package of ours that is used up
+
+    # -- the account's channels, as the account API records them ---------------------
+
+    def account_channels(self) -> list[ChannelSummary]:
+        """Every channel this agent's account may use, by name: those with one of its
+        agents as a member (``access="member"``, with their roles) and those it holds a
+        live invite redemption for (``"invited"``). Unlike ``channels()``, this includes
+        channels this agent is not in."""
+        return self._api().channels()
+
+    def channel_members(self, name: str) -> list[ChannelMember]:
+        """The channel's members and their roles as the relay last recorded them (after
+        its newest accepted commit), oldest members first. AccessError if the channel
+        does not exist or this account is not admitted to it (the API does not say
+        which)."""
+        check_channel_name(name)
+        return self._api().channel_members(name)
+
+    def channel_events(
+        self, name: str, after: int | None = None, limit: int = 100
+    ) -> list[ChannelEvent]:
+        """The channel's audit trail, oldest first: who created it, added, removed or
+        gave a role to whom, who left, policy changes, each with its epoch and time.
+        At most ``limit`` (1 to 1,000) events with an ``id`` above ``after``; pass the
+        last one's ``id`` to read on. AccessError as for ``channel_members``."""
+        check_channel_name(name)
+        if after is not None and (
+            not isinstance(after, int) or isinstance(after, bool) or after < 0
+        ):
+            raise ValueError("after must be None or an event id (an integer of 0 or more)")
+        _check_positive("limit", limit)
+        if limit > MAX_EVENTS_PAGE:
+            raise ValueError(f"limit must be at most {MAX_EVENTS_PAGE}")
+        return self._api().channel_events(name, after or 0, limit)
 
     def _api(self) -> ApiClient:
         if self.api is None:

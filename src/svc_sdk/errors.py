@@ -84,8 +84,9 @@ class InviteError(SvcError):
 
 
 class AccessError(SvcError):
-    """The relay refused the channel: it belongs to another account, or this account
-    was not admitted to it (redeem an invite)."""
+    """The relay or the account API refused the channel: it belongs to another account,
+    this account was not admitted to it (redeem an invite), or it does not exist (the
+    account API does not tell an outsider which)."""
 
 
 class ChannelClosedError(SvcError):
@@ -107,7 +108,7 @@ def relay_error(exc: RelayError, channel: str) -> SvcError:
 
     name = code_name(exc.code)
     message = exc.reply.message
-    if name == "PERMISSION_DENIED":
+    if name in ("PERMISSION_DENIED", "ALREADY_EXISTS"):
         return AccessError(f"channel {channel!r}: {message}")
     if name == "UNAUTHENTICATED":
         return AuthError(f"relay refused the token: {message}")

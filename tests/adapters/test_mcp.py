@@ -250,7 +250,8 @@ async def test_misuse_fails_at_once_saying_why(
 async def test_serving_ends_when_the_agent_leaves_the_channel(
     stack: LocalStack, channel_name: str, ids: Callable[[str], str]
 ) -> None:
-    tools, _host = members(stack, channel_name, ids("tools"), ids("host"))
+    # The host creates the channel: its owner cannot leave, the tool server can.
+    _host, tools = members(stack, channel_name, ids("host"), ids("tools"))
     async with anyio.create_task_group() as tg:
         tg.start_soon(anyio.to_thread.run_sync, _leave_soon, tools, channel_name)
         with anyio.fail_after(20), pytest.raises(ChannelClosedError):

@@ -41,6 +41,7 @@ def test_three_agents_in_one_channel(stack: LocalStack, channel_name: str, ids: 
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     cc = client(stack, ids("c"))
     with ca, cb, cc:
+        chan_a.set_role(cb.agent_id, "admin")  # only the owner and admins add members
         chan_c = cc.join_channel(channel_name, chan_b.add_member(cc.generate_key_package()))
         chan_a.send(b"from a")
         chan_c.send(b"from c")
@@ -177,6 +178,10 @@ def test_concurrent_add_member_retries_after_losing_the_epoch(
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     cc, cd = client(stack, ids("c")), client(stack, ids("d"))
     with ca, cb, cc, cd:
+        chan_a.set_role(cb.agent_id, "admin")  # only the owner and admins add members
+        deadline = time.monotonic() + 20
+        while chan_b.roles().get(cb.agent_id) != "admin" and time.monotonic() < deadline:
+            time.sleep(0.05)
         kps = {"c": cc.generate_key_package(), "d": cd.generate_key_package()}
         welcomes: dict[str, bytes] = {}
         start = threading.Barrier(2)
@@ -199,7 +204,7 @@ def test_concurrent_add_member_retries_after_losing_the_epoch(
         chan_a.send(b"everyone")
         for chan in (chan_b, chan_c, chan_d):
             assert take(chan, 1) == [b"everyone"]
-        assert chan_a.epoch == 3
+        assert chan_a.epoch == 4
 
 
 def test_remove_member_ends_its_iterator(stack: LocalStack, channel_name: str, ids: Any) -> None:

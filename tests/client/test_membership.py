@@ -3,12 +3,21 @@ far, each replayed as a user of the library would try it."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
+import grpc
+import httpx
 import pytest
 
-from svc_sdk import AccessError
+from svc_sdk import InviteError
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.mls import MlsError
+from svc_sdk.relay_client import RelayConnection
 from svc_sdk.testing import LocalStack
+
+from .helpers import client, pair, take
 
 
 def test_a_removed_member_cannot_invite_itself_back(
@@ -20,9 +29,62 @@ def test_a_removed_member_cannot_invite_itself_back(
     alice.create(channel_name)
     bob.join_with_token(channel_name, alice.invite(channel_name), timeout=20)
     alice.remove_member(channel_name, bob.agent_id)
-    # A fresh data_dir, the same key: the account is still admitted, but it is not the
-    # channel's owner, so it cannot mint the invite it would need to get back in.
+    # A fresh data_dir, the same key: the account lost the channel with its last member
+    # (its spent redemption does not keep it in), so it cannot mint an invite to return.
     again = stack.manager(ids("bob"), api_key=bob_key, data_dir=stack.agent_dir(ids("bob2")))
-    with pytest.raises(AccessError, match="only the account that created channel"):
+    with pytest.raises(InviteError, match="no channel"):
         again.invite(channel_name, max_uses=10_000, ttl=30 * 86_400)
     assert alice.members(channel_name) == [alice.agent_id]
+    # Nor can any agent of bob's account still reach the channel on the relay.
+    assert _relay_code(stack, bob_key, ids("bob"), channel_name) == DENIED
+
+
+DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+
+
+def _relay_code(stack: LocalStack, api_key: str, identity: str, channel: str) -> int:
+    """The relay's answer to a raw Subscribe of ``channel`` by an agent of the account."""
+    token = httpx.post(
+        f"{stack.api_url}/v1/tokens", headers={"Authorization": f"Bearer {api_key}"}
+    ).json()["token"]
+
+    async def subscribe() -> int:
+        async with RelayConnection(stack.relay_url, token, identity.encode()) as conn:
+            reply = await conn.request(check=False, subscribe=pb.Subscribe(channel=channel))
+            return reply.code
+
+    return asyncio.run(subscribe())
+
+
+def test_a_plain_member_cannot_add_remove_or_promote_and_the_channel_goes_on(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """Roles live in the group: a member's own engine refuses to commit what the policy
+    forbids (the relay and every other member refuse it too: tests/relay,
+    native/tests/membership.rs), and nothing reaches the channel."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("alice"), ids("bob"))
+    cc = client(stack, ids("carol"))
+    with ca, cb, cc:
+        assert chan_a.roles() == {ca.agent_id: "owner", cb.agent_id: "member"}
+        epoch = chan_b.epoch
+        with pytest.raises(MlsError, match="policy: "):
+            chan_b.add_member(cc.generate_key_package())
+        with pytest.raises(MlsError, match="policy: "):
+            chan_b.remove_member(ca.agent_id)
+        with pytest.raises(MlsError, match="policy: "):
+            chan_b.set_role(cb.agent_id, "admin")
+        assert chan_b.epoch == epoch
+        chan_a.send(b"still one channel")
+        assert take(chan_b, 1) == [b"still one channel"]
+        # Once the owner makes bob an admin, the same add goes through.
+        chan_a.set_role(cb.agent_id, "admin")
+        deadline = time.monotonic() + 20
+        while chan_b.roles().get(cb.agent_id) != "admin" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        chan_c = cc.join_channel(channel_name, chan_b.add_member(cc.generate_key_package()))
+        assert sorted(chan_c.members()) == sorted([ca.agent_id, cb.agent_id, cc.agent_id])
+        # Nobody but the owner hands ownership over, and the owner cannot be removed.
+        with pytest.raises(MlsError, match="policy: "):
+            chan_b.remove_member(ca.agent_id)
+        chan_a.send(b"after the refusals")
+        assert take(chan_c, 1) == [b"after the refusals"]

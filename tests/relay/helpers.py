@@ -35,8 +35,10 @@ class Member:
         return member_id
 
     async def create(self, channel: str) -> None:
-        await self.conn.request(create=pb.CreateChannel(channel=channel))
         self.group = self.engine.create_group(channel.encode())
+        await self.conn.request(
+            create=pb.CreateChannel(channel=channel, group_info=self.group.group_info())
+        )
         await self.subscribe(channel)
 
     async def subscribe(self, channel: str) -> pb.Reply:
@@ -54,7 +56,6 @@ class Member:
                 epoch=pending.epoch,
                 commit=pending.commit,
                 welcome=pending.welcome or b"",
-                key_packages=[key_package],
             )
         )
         self.group.apply_pending_commit()
@@ -87,6 +88,18 @@ class Member:
         if received.data is not None:
             self.received.append(received.data)
         return delivery
+
+
+async def create_channel(
+    conn: RelayConnection, api: tuple[str, str], root: Path, channel: str
+) -> Group:
+    """Creates ``channel`` over a raw connection: an engine for the connection's identity,
+    with a credential from the account API at ``api`` (url, API key), makes the group the
+    relay then tracks."""
+    made = await asyncio.to_thread(engine, root, conn.identity.decode(), api)
+    group = made.create_group(channel.encode())
+    await conn.request(create=pb.CreateChannel(channel=channel, group_info=group.group_info()))
+    return group
 
 
 def engine(root: Path, name: str, api: tuple[str, str] | None = None) -> Engine:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,6 +20,7 @@ from svc_sdk.relay_client import RelayConnection
 from svc_server.stack import Stack, start_stack, stop_stack
 
 from .conftest import Account
+from .helpers import create_channel
 from .test_relay import CHANNEL, engine_group_message
 
 _large: dict[int, bytes] = {}
@@ -60,7 +62,7 @@ async def open_status(stack: Stack, token: str, identity: bytes = b"x") -> grpc.
     conn = RelayConnection(stack.relay_url, token, identity)
     try:
         await conn.open()
-        await conn.request(create=pb.CreateChannel(channel=CHANNEL), timeout=10)
+        await conn.request(unsubscribe=pb.Unsubscribe(channel=CHANNEL), timeout=10)
     except grpc.aio.AioRpcError as exc:
         return exc.code()
     except ConnectionError:
@@ -119,7 +121,7 @@ async def test_stream_closes_when_token_expires_and_refresh_extends(
     short = forge(stack, account, exp=int(time.time()) + 2)
     conn = RelayConnection(stack.relay_url, short, b"short-lived")
     await conn.open()
-    await conn.request(create=pb.CreateChannel(channel=CHANNEL))
+    await conn.request(unsubscribe=pb.Unsubscribe(channel=CHANNEL))
     assert conn.closed is not None
     error = await asyncio.wait_for(conn.closed, 10)
     assert error is not None and error.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -132,7 +134,7 @@ async def test_stream_closes_when_token_expires_and_refresh_extends(
     await refreshed.open()
     await refreshed.request(refresh=pb.Refresh(token=await account.token()))
     await asyncio.sleep(3)
-    assert (await refreshed.request(create=pb.CreateChannel(channel=CHANNEL))).code == 0
+    assert (await refreshed.request(unsubscribe=pb.Unsubscribe(channel=CHANNEL))).code == 0
     other = forge(stack, account, sub=str(uuid.uuid4()))
     reply = await refreshed.request(check=False, refresh=pb.Refresh(token=other))
     assert reply.code == grpc.StatusCode.UNAUTHENTICATED.value[0]
@@ -152,7 +154,7 @@ async def test_slow_subscriber_never_stalls_the_others(
         fast = RelayConnection(stack.relay_url, token, b"fast")
         for c in (sender, fast):
             await c.open()
-        await sender.request(create=pb.CreateChannel(channel=CHANNEL))
+        await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
         await fast.request(subscribe=pb.Subscribe(channel=CHANNEL))
         # A subscriber that never reads its stream.
         channel = grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://"))
@@ -184,10 +186,12 @@ async def test_slow_subscriber_never_stalls_the_others(
         await stop_stack(stack)
 
 
-async def test_cursor_behind_retention_is_a_clear_error(stack: Stack, account: Account) -> None:
+async def test_cursor_behind_retention_is_a_clear_error(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
     conn = RelayConnection(stack.relay_url, await account.token(), b"old")
     await conn.open()
-    await conn.request(create=pb.CreateChannel(channel=CHANNEL))
+    await create_channel(conn, (account.api_url, account.key), tmp_path, CHANNEL)
     for _ in range(3):
         await conn.request(
             publish=pb.Publish(channel=CHANNEL, message=[engine_group_message(stack)])

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.relay_client import RelayConnection
 
 from ..support import (
@@ -27,6 +28,7 @@ from .helpers import Member, engine
 
 pytestmark = pytest.mark.anyio
 CHANNEL = "acme/ops/alerts"
+STALE = 9  # gRPC FAILED_PRECONDITION
 
 
 async def wait_grpc(target: str, proc: subprocess.Popen[str]) -> None:
@@ -112,6 +114,22 @@ async def test_relay_killed_and_restarted_loses_nothing(
         ]
         await asyncio.sleep(0.2)
         assert bob.conn.deliveries.empty(), "no duplicates"
+        # The restarted relay tracks the group from the store: it refuses a forged commit
+        # and accepts the next real one.
+        assert alice.group and bob.group
+        update = bob.group.self_update()
+        forged = bytearray(update.commit)
+        forged[-(2 * 33) - 5] ^= 0x55  # in the signature, before the two tags
+        refused = await bob.conn.request(
+            check=False, commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=bytes(forged))
+        )
+        assert refused.code != 0, refused
+        await bob.conn.request(
+            commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
+        )
+        bob.group.apply_pending_commit()
+        await alice.next()
+        assert alice.group.epoch == bob.group.epoch == 2
         await alice.conn.close()
         await bob.conn.close()
     finally:
@@ -154,6 +172,23 @@ async def test_two_relays_share_one_channel_through_redis(
             await alice.next()
         assert bob.received == [f"a{i}".encode() for i in range(20)]
         assert alice.received == [f"b{i}".encode() for i in range(5)]
+        # Both relays validate a commit for the same epoch at once: exactly one is stored.
+        assert alice.group and bob.group
+        commits = [alice.group.self_update(), bob.group.self_update()]
+        replies = await asyncio.gather(
+            *(
+                m.conn.request(
+                    check=False, commit=pb.Commit(channel=CHANNEL, epoch=c.epoch, commit=c.commit)
+                )
+                for m, c in zip((alice, bob), commits, strict=True)
+            )
+        )
+        assert sorted(r.code for r in replies) == [0, STALE], replies
+        winner, loser = (alice, bob) if replies[0].code == 0 else (bob, alice)
+        winner.group.apply_pending_commit()  # type: ignore[union-attr]
+        loser.group.clear_pending_commit()  # type: ignore[union-attr]
+        await loser.next()  # the winner's commit, through the other relay
+        assert alice.group.epoch == bob.group.epoch
         # Relay A dies; alice moves to relay B and resumes without loss.
         relays[0].kill()
         relays[0].wait()
@@ -164,6 +199,14 @@ async def test_two_relays_share_one_channel_through_redis(
         await bob.send(CHANNEL, "after failover")
         await alice.next()
         assert alice.received[-1] == b"after failover"
+        # Relay B validates against the group as stored, whoever accepted the last commit.
+        update = alice.group.self_update()
+        reply = await alice.conn.request(
+            commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
+        )
+        alice.group.apply_pending_commit()
+        await bob.next()
+        assert reply.epoch == alice.group.epoch == bob.group.epoch
         await alice.conn.close()
         await bob.conn.close()
 

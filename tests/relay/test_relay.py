@@ -15,7 +15,7 @@ from svc_sdk.relay_client import RelayConnection
 from svc_server.stack import Stack
 
 from .conftest import Account, connect, new_account
-from .helpers import Member, engine
+from .helpers import Member, create_channel, engine
 
 pytestmark = pytest.mark.anyio
 CHANNEL = "acme/support/triage"
@@ -123,7 +123,6 @@ async def test_rejected_commit_welcome_is_never_delivered(
             epoch=pending.epoch,
             commit=pending.commit,
             welcome=pending.welcome or b"",
-            key_packages=[key_package],
         ),
     )
     assert rejected.code == STALE
@@ -163,20 +162,14 @@ async def test_other_accounts_are_denied_until_admitted(
         {"subscribe": pb.Subscribe(channel="acme/support/nonexistent")},
         {"publish": pb.Publish(channel=CHANNEL, message=[b"x"])},
         {"create": pb.CreateChannel(channel=CHANNEL)},
-        {"admit": pb.Admit(channel=CHANNEL, account_id=outsider.account_id)},
     ):
         reply = await mallory.conn.request(check=False, **frame)
         assert reply.code == DENIED, (frame, reply)
         errors.append(reply.message.replace("nonexistent", "triage"))
     assert len(set(errors)) == 1, "an existing channel and a missing one look the same"
-    await alice.conn.request(admit=pb.Admit(channel=CHANNEL, account_id=outsider.account_id))
+    # Adding an agent of another account is what admits that account.
+    await alice.add(CHANNEL, mallory)
     assert (await mallory.conn.request(subscribe=pb.Subscribe(channel=CHANNEL))).code == 0
-    # Admitted is not owner: mallory's account cannot let a third account in.
-    third = await new_account(stack.api_url, "third@example.com")
-    reply = await mallory.conn.request(
-        check=False, admit=pb.Admit(channel=CHANNEL, account_id=third.account_id)
-    )
-    assert reply.code == DENIED and "only the owner account" in reply.message
     await close(alice, bob, mallory)
 
 
@@ -199,7 +192,6 @@ async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_p
             {"commit": pb.Commit(channel=CHANNEL, epoch=1, commit=alice.group.encrypt(b"x"))},
             "takes an MLS commit",
         ),
-        ({"admit": pb.Admit(channel=CHANNEL, account_id="not-a-uuid")}, "not a UUID"),
     ]
     alice.group.clear_pending_commit()
     other = engine(tmp_path, "zed").create_group(b"other/group/id")
@@ -234,7 +226,9 @@ async def test_frames_that_do_not_parse(stack: Stack, account: Account) -> None:
     await call.write(pb.ClientFrame(request_id=0).SerializeToString())
     assert "non-zero request_id" in (await call.read()).reply.message
     await call.write(
-        pb.ClientFrame(request_id=5, create=pb.CreateChannel(channel="a/b/c")).SerializeToString()
+        pb.ClientFrame(
+            request_id=5, unsubscribe=pb.Unsubscribe(channel="a/b/c")
+        ).SerializeToString()
     )
     assert (await call.read()).reply.code == 0
     # A frame beyond the transport limit ends the stream with a gRPC status.
@@ -249,11 +243,11 @@ async def test_frames_that_do_not_parse(stack: Stack, account: Account) -> None:
     await channel.close()
 
 
-async def test_many_concurrent_streams(stack: Stack, account: Account) -> None:
+async def test_many_concurrent_streams(stack: Stack, account: Account, tmp_path: Path) -> None:
     token = await account.token()
     conns = [RelayConnection(stack.relay_url, token, f"agent-{i}".encode()) for i in range(200)]
     await asyncio.gather(*(c.open() for c in conns))
-    await conns[0].request(create=pb.CreateChannel(channel=CHANNEL))
+    await create_channel(conns[0], (account.api_url, account.key), tmp_path, CHANNEL)
     await asyncio.gather(*(c.request(subscribe=pb.Subscribe(channel=CHANNEL)) for c in conns[1:]))
     # Raw subscribers: the relay does not decrypt, so any well-framed message will do.
     sender = engine_group_message(stack)
@@ -284,3 +278,62 @@ async def test_relay_sees_only_ciphertext(stack: Stack, account: Account, tmp_pa
         if path.is_file():
             assert secret not in path.read_bytes(), path
     await close(alice, bob)
+
+
+async def test_forged_replayed_and_foreign_handshakes_are_refused_and_the_channel_commits(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """The wedge attack: a Commit frame the relay cannot validate used to move the channel
+    to an epoch nobody could follow. Now each is refused, nothing is stored, and the
+    members go on committing."""
+    alice, bob = await pair(stack, account, tmp_path)
+    assert alice.group and bob.group
+    epoch = alice.group.epoch
+    head = (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
+
+    async def refused(commit: bytes, at: int = epoch) -> pb.Reply:
+        reply = await bob.conn.request(
+            check=False, commit=pb.Commit(channel=CHANNEL, epoch=at, commit=commit)
+        )
+        assert reply.code != 0, reply
+        return reply
+
+    # An application message (PrivateMessage) posing as a commit.
+    await refused(bob.group.encrypt(b"not a commit"))
+    # A real commit of bob's with its signature broken.
+    forged = bytearray(bob.group.self_update().commit)
+    bob.group.clear_pending_commit()
+    # A member's PublicMessage ends with the confirmation and membership tags (1 + 32
+    # bytes each), which need the group's secrets to check; the signature comes before.
+    forged[-(2 * 33) - 5] ^= 0x55
+    await refused(bytes(forged))
+    # A commit of another channel's group, by a member of that group.
+    carol = await member(stack, account, tmp_path, "carol")
+    await carol.create("acme/support/other")
+    assert carol.group
+    other = carol.group.self_update()
+    reply = await refused(other.commit, other.epoch)
+    assert reply.code == INVALID, reply
+    assert (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq == head
+
+    # A valid commit goes through; replaying it afterwards is refused as stale.
+    update = bob.group.self_update()
+    await bob.conn.request(
+        commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
+    )
+    bob.group.apply_pending_commit()
+    replay = await refused(update.commit, update.epoch)
+    assert replay.code == STALE, replay
+    await alice.next()  # bob's update, processed
+    assert alice.group.epoch == bob.group.epoch == epoch + 1
+    again = alice.group.self_update()
+    reply = await alice.conn.request(
+        commit=pb.Commit(channel=CHANNEL, epoch=again.epoch, commit=again.commit)
+    )
+    alice.group.apply_pending_commit()
+    assert reply.epoch == epoch + 2
+    await bob.next()
+    await alice.send(CHANNEL, "the channel still works")
+    await bob.next()
+    assert bob.received[-1] == b"the channel still works"
+    await close(alice, bob, carol)

@@ -47,10 +47,28 @@ async def store(tmp_path: Path, backend: str) -> AsyncIterator[LogStore]:
         await made.close()
 
 
+async def _commit(
+    store: LogStore, epoch: int, welcome: bytes, joiners: list[bytes], commit: bytes = b"c"
+) -> None:
+    """A commit at ``epoch`` with a stand-in group state (the stores keep it opaque)."""
+    if not await store.group_version("a/b/c"):
+        await store.create_group("a/b/c", b"group-0")
+    version = await store.group_version("a/b/c")
+    await store.commit(
+        "a/b/c",
+        b"committer",
+        epoch,
+        commit,
+        welcome,
+        joiners,
+        (version, f"group-{epoch + 1}".encode()),
+    )
+
+
 async def test_a_welcome_for_many_joiners_is_stored_once(store: LogStore, backend: str) -> None:
     welcome = b"W" * 100_000
     joiners = [b"\x01" * 16 + f"j{i}".encode() for i in range(200)]
-    await store.commit("a/b/c", b"committer", 0, b"commit", welcome, joiners)
+    await _commit(store, 0, welcome, joiners, b"commit")
     assert [w.welcome for w in await store.welcomes(joiners[-1])] == [welcome]
     if backend:
         import redis.asyncio as aioredis
@@ -72,7 +90,7 @@ async def test_a_welcome_for_many_joiners_is_stored_once(store: LogStore, backen
 async def test_an_agent_gets_only_its_newest_pending_welcomes(store: LogStore) -> None:
     me = b"\x02" * 16 + b"me"
     for epoch in range(MAX_PENDING_WELCOMES + 10):
-        await store.commit("a/b/c", b"committer", epoch, b"c", f"w{epoch}".encode(), [me])
+        await _commit(store, epoch, f"w{epoch}".encode(), [me])
     pending = await store.welcomes(me)
     assert len(pending) == MAX_PENDING_WELCOMES
     assert pending[-1].welcome == f"w{MAX_PENDING_WELCOMES + 9}".encode()
@@ -82,6 +100,7 @@ async def test_an_agent_gets_only_its_newest_pending_welcomes(store: LogStore) -
 async def test_large_writes_and_trims_never_run_on_the_event_loop(tmp_path: Path) -> None:
     store = SqliteLogStore(tmp_path / "relay.sqlite3")
     await store.start()
+    await store.create_group("a/b/c", b"group-0")
     ran_on: list[str] = []
     real = store._run_batch
 
@@ -93,7 +112,7 @@ async def test_large_writes_and_trims_never_run_on_the_event_loop(tmp_path: Path
     try:
         await store.append("a/b/c", b"s", b"small", 0)
         await store.append("a/b/c", b"s", b"x" * (INLINE_MAX_BYTES + 1), 0)
-        await store.commit("a/b/c", b"s", 0, b"c", b"w" * INLINE_MAX_BYTES, [b"\x01" * 17])
+        await _commit(store, 0, b"w" * INLINE_MAX_BYTES, [b"\x01" * 17])
         await store.trim(0.0)
     finally:
         await store.close()

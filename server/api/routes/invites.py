@@ -19,7 +19,7 @@ from ..schemas import InviteCreated, InviteCreateRequest, InviteRedeemRequest, J
 
 router = APIRouter(prefix="/v1/invites", tags=["invites"])
 
-_STATUS = {"not-found": 404, "not-owner": 403, "expired": 410, "used-up": 410}
+_STATUS = {"not-found": 404, "not-admin": 403, "expired": 410, "used-up": 410}
 
 
 def _problem(exc: invites.InviteError) -> ProblemError:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ClientFrame(_message.Message):
-    __slots__ = ("request_id", "create", "subscribe", "unsubscribe", "publish", "commit", "refresh", "admit", "join")
+    __slots__ = ("request_id", "create", "subscribe", "unsubscribe", "publish", "commit", "refresh", "join")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBE_FIELD_NUMBER: _ClassVar[int]
@@ -15,7 +15,6 @@ class ClientFrame(_message.Message):
     PUBLISH_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     REFRESH_FIELD_NUMBER: _ClassVar[int]
-    ADMIT_FIELD_NUMBER: _ClassVar[int]
     JOIN_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     create: CreateChannel
@@ -24,15 +23,16 @@ class ClientFrame(_message.Message):
     publish: Publish
     commit: Commit
     refresh: Refresh
-    admit: Admit
     join: JoinRequest
-    def __init__(self, request_id: _Optional[int] = ..., create: _Optional[_Union[CreateChannel, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ..., publish: _Optional[_Union[Publish, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., refresh: _Optional[_Union[Refresh, _Mapping]] = ..., admit: _Optional[_Union[Admit, _Mapping]] = ..., join: _Optional[_Union[JoinRequest, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., create: _Optional[_Union[CreateChannel, _Mapping]] = ..., subscribe: _Optional[_Union[Subscribe, _Mapping]] = ..., unsubscribe: _Optional[_Union[Unsubscribe, _Mapping]] = ..., publish: _Optional[_Union[Publish, _Mapping]] = ..., commit: _Optional[_Union[Commit, _Mapping]] = ..., refresh: _Optional[_Union[Refresh, _Mapping]] = ..., join: _Optional[_Union[JoinRequest, _Mapping]] = ...) -> None: ...
 
 class CreateChannel(_message.Message):
-    __slots__ = ("channel",)
+    __slots__ = ("channel", "group_info")
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    GROUP_INFO_FIELD_NUMBER: _ClassVar[int]
     channel: str
-    def __init__(self, channel: _Optional[str] = ...) -> None: ...
+    group_info: bytes
+    def __init__(self, channel: _Optional[str] = ..., group_info: _Optional[bytes] = ...) -> None: ...
 
 class Subscribe(_message.Message):
     __slots__ = ("channel", "after_seq")
@@ -57,32 +57,22 @@ class Publish(_message.Message):
     def __init__(self, channel: _Optional[str] = ..., message: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Commit(_message.Message):
-    __slots__ = ("channel", "epoch", "commit", "welcome", "key_packages")
+    __slots__ = ("channel", "epoch", "commit", "welcome")
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     WELCOME_FIELD_NUMBER: _ClassVar[int]
-    KEY_PACKAGES_FIELD_NUMBER: _ClassVar[int]
     channel: str
     epoch: int
     commit: bytes
     welcome: bytes
-    key_packages: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, channel: _Optional[str] = ..., epoch: _Optional[int] = ..., commit: _Optional[bytes] = ..., welcome: _Optional[bytes] = ..., key_packages: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    def __init__(self, channel: _Optional[str] = ..., epoch: _Optional[int] = ..., commit: _Optional[bytes] = ..., welcome: _Optional[bytes] = ...) -> None: ...
 
 class Refresh(_message.Message):
     __slots__ = ("token",)
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     token: str
     def __init__(self, token: _Optional[str] = ...) -> None: ...
-
-class Admit(_message.Message):
-    __slots__ = ("channel", "account_id")
-    CHANNEL_FIELD_NUMBER: _ClassVar[int]
-    ACCOUNT_ID_FIELD_NUMBER: _ClassVar[int]
-    channel: str
-    account_id: str
-    def __init__(self, channel: _Optional[str] = ..., account_id: _Optional[str] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("channel", "join_id")

@@ -1,0 +1,309 @@
+//! Channel roles and the relay's view of a group: the same policy enforced by the member
+//! building a commit, by every member receiving it and by the relay's tracker, including
+//! against a rogue member whose client does not enforce it.
+
+use std::sync::Arc;
+
+use _native::credential::AgentCredentialContent;
+use _native::policy::{Role, RolesExt, ROLES_EXTENSION};
+use _native::tracker::{Observed, TrackedGroup, Tracker};
+use _native::{Engine, GroupHandle, Received, SvcIdentityProvider, TrustAnchors};
+use mls_rs::client_builder::MlsConfig;
+use mls_rs::identity::SigningIdentity;
+use mls_rs::mls_rules::{DefaultMlsRules, EncryptionOptions};
+use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList, MlsMessage};
+use mls_rs_core::extension::ExtensionType;
+use mls_rs_crypto_awslc::AwsLcCryptoProvider;
+use tempfile::TempDir;
+
+mod common;
+
+const GROUP: &[u8] = b"org/ns/svc";
+
+struct Agent {
+    _dir: TempDir,
+    engine: Engine,
+}
+
+fn agent(name: &str) -> Agent {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = common::certified(&dir.path().join("data"), name.as_bytes(), None);
+    Agent { _dir: dir, engine }
+}
+
+fn mid(name: &str) -> Vec<u8> {
+    [common::ACCOUNT.as_slice(), name.as_bytes()].concat()
+}
+
+fn tracker() -> Tracker {
+    let t = Tracker::new();
+    let i = common::issuer();
+    t.set_trust_anchors(TrustAnchors::new([(i.kid.clone(), i.public.to_vec())]).unwrap());
+    t
+}
+
+fn policy_error(r: Result<impl std::fmt::Debug, _native::EngineError>) -> String {
+    let e = r.expect_err("expected the policy to refuse").to_string();
+    assert!(e.contains("policy:"), "not a policy refusal: {e}");
+    e
+}
+
+/// A commit accepted by the relay's tracker and every listed member.
+fn deliver(commit: &[u8], tracked: &mut TrackedGroup, members: &[&Arc<GroupHandle>]) -> Observed {
+    let observed = tracked.process(commit).unwrap();
+    for m in members {
+        assert!(matches!(m.process(commit).unwrap(), Received::Commit(_)));
+    }
+    observed
+}
+
+/// alice (owner) with bob and carol, and the tracker following from the GroupInfo.
+fn channel(a: &Agent, b: &Agent, c: &Agent) -> (Vec<Arc<GroupHandle>>, TrackedGroup) {
+    let g = a.engine.create_group(GROUP).unwrap();
+    let mut tracked = tracker().observe(&g.group_info().unwrap()).unwrap();
+    let mut handles = vec![g.clone()];
+    for other in [b, c] {
+        let kp = other.engine.generate_key_package().unwrap();
+        let pending = g.add_members(&[kp]).unwrap();
+        g.apply_pending_commit().unwrap();
+        let members: Vec<&Arc<GroupHandle>> = handles[1..].iter().collect();
+        deliver(&pending.commit, &mut tracked, &members);
+        handles.push(other.engine.join_group(&pending.welcome.unwrap()).unwrap());
+    }
+    (handles, tracked)
+}
+
+#[test]
+fn the_tracker_follows_adds_and_knows_the_welcome_recipients() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = a.engine.create_group(GROUP).unwrap();
+    let t = tracker();
+    let mut tracked = t.observe(&g.group_info().unwrap()).unwrap();
+    assert_eq!(tracked.group_id(), GROUP);
+    assert_eq!(tracked.members(), vec![(mid("alice"), Role::Owner)]);
+
+    let kp = b.engine.generate_key_package().unwrap();
+    let reference = _native::inspect(&kp).unwrap().key_package.unwrap().reference.unwrap();
+    let pending = g.add_members(&[kp]).unwrap();
+    g.apply_pending_commit().unwrap();
+    let Observed::Commit(event) = tracked.process(&pending.commit).unwrap() else {
+        panic!("expected a commit");
+    };
+    assert!(event.removed.is_empty() && event.left.is_empty() && !event.roles_changed);
+    assert_eq!((event.epoch, event.committer.clone()), (1, mid("alice")));
+    assert_eq!(event.added, vec![(mid("bob"), reference.clone())]);
+    let welcome_refs = _native::inspect(pending.welcome.as_ref().unwrap())
+        .unwrap()
+        .welcome_refs;
+    assert_eq!(welcome_refs, vec![reference]);
+
+    // A snapshot brings back the same group: a relay restart resumes from the store.
+    let reloaded = t.load(&tracked.snapshot().unwrap()).unwrap();
+    assert_eq!(reloaded.epoch(), 1);
+    assert_eq!(
+        reloaded.members(),
+        vec![(mid("alice"), Role::Owner), (mid("bob"), Role::Member)]
+    );
+}
+
+#[test]
+fn handshakes_travel_in_the_clear_and_application_messages_do_not() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, _) = channel(&a, &b, &c);
+    let update = g[1].self_update().unwrap();
+    assert_eq!(_native::inspect(&update.commit).unwrap().wire_format, "public_message");
+    g[1].clear_pending_commit().unwrap();
+    let ct = g[0].encrypt(b"secret", b"").unwrap();
+    assert_eq!(_native::inspect(&ct).unwrap().wire_format, "private_message");
+}
+
+#[test]
+fn a_plain_member_cannot_add_remove_or_change_roles() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, _) = channel(&a, &b, &c);
+    let dave = agent("dave");
+    policy_error(g[1].add_members(&[dave.engine.generate_key_package().unwrap()]));
+    policy_error(g[1].remove_members(&[mid("carol")]));
+    policy_error(g[1].set_role(&mid("bob"), Role::Admin));
+    policy_error(g[1].set_members_invite(true));
+    // Updating its own keys is every member's right.
+    g[1].self_update().unwrap();
+}
+
+#[test]
+fn the_owner_is_never_removed_and_hands_ownership_over() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    let promote = g[0].set_role(&mid("bob"), Role::Admin).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&promote.commit, &mut tracked, &[&g[1], &g[2]]);
+    assert_eq!(g[2].roles().unwrap().role(&mid("bob")), Role::Admin);
+
+    // An admin removes members, but not the owner, and cannot take ownership.
+    policy_error(g[1].remove_members(&[mid("alice")]));
+    policy_error(g[1].set_role(&mid("bob"), Role::Owner));
+
+    let handover = g[0].set_role(&mid("bob"), Role::Owner).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&handover.commit, &mut tracked, &[&g[1], &g[2]]);
+    let roles = tracked.roles();
+    assert_eq!(
+        (roles.role(&mid("bob")), roles.role(&mid("alice"))),
+        (Role::Owner, Role::Admin)
+    );
+
+    let removal = g[1].remove_members(&[mid("alice")]).unwrap();
+    g[1].apply_pending_commit().unwrap();
+    deliver(&removal.commit, &mut tracked, &[&g[2]]);
+    assert_eq!(
+        tracked.members(),
+        vec![(mid("bob"), Role::Owner), (mid("carol"), Role::Member)]
+    );
+}
+
+#[test]
+fn a_leaving_admin_takes_its_role_along() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    let promote = g[0].set_role(&mid("bob"), Role::Admin).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&promote.commit, &mut tracked, &[&g[1], &g[2]]);
+
+    let leave = g[1].propose_leave().unwrap();
+    assert!(matches!(tracked.process(&leave).unwrap(), Observed::Leave { member } if member == mid("bob")));
+    for m in [&g[0], &g[2]] {
+        assert!(matches!(m.process(&leave).unwrap(), Received::Proposal { .. }));
+    }
+    // carol, a plain member, commits bob's own removal; the roles change comes with it.
+    let commit = g[2].self_update().unwrap();
+    g[2].apply_pending_commit().unwrap();
+    let Observed::Commit(event) = deliver(&commit.commit, &mut tracked, &[&g[0]]) else {
+        panic!("expected a commit");
+    };
+    assert_eq!((event.left, event.removed), (vec![mid("bob")], vec![]));
+    assert!(event.roles_changed);
+    assert_eq!(tracked.roles(), RolesExt::new(mid("alice")));
+    assert_eq!(g[0].roles().unwrap(), RolesExt::new(mid("alice")));
+}
+
+#[test]
+fn forged_replayed_and_foreign_handshakes_change_nothing() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    let before = tracked.snapshot().unwrap();
+
+    let update = g[1].self_update().unwrap();
+    let mut forged = update.commit.clone();
+    let n = forged.len();
+    forged[n / 2] ^= 1; // inside the signed content
+    assert!(tracked.process(&forged).is_err());
+    assert!(tracked.process(b"\x00\x01junk").is_err());
+    assert!(tracked.process(&g[0].encrypt(b"hi", b"").unwrap()).is_err());
+    g[1].clear_pending_commit().unwrap();
+
+    // Another group's commit, however valid there.
+    let (d, e) = (agent("dave"), agent("erin"));
+    let other = d.engine.create_group(b"org/ns/other").unwrap();
+    let add = other.add_members(&[e.engine.generate_key_package().unwrap()]).unwrap();
+    assert!(tracked.process(&add.commit).is_err());
+    assert_eq!(tracked.snapshot().unwrap(), before);
+
+    // The channel still commits, and the accepted commit cannot be replayed.
+    let update = g[2].self_update().unwrap();
+    g[2].apply_pending_commit().unwrap();
+    deliver(&update.commit, &mut tracked, &[&g[0], &g[1]]);
+    assert!(tracked.process(&update.commit).is_err());
+    assert_eq!(tracked.epoch(), 3);
+}
+
+/// A member whose client enforces nothing: mls-rs's default rules, svc credentials.
+fn rogue_client(name: &str) -> Client<impl MlsConfig> {
+    let cs = AwsLcCryptoProvider::default()
+        .cipher_suite_provider(CipherSuite::CURVE25519_AES128)
+        .unwrap();
+    let (secret, public) = cs.signature_key_generate().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let issuer = common::issuer();
+    let credential = issuer.credential(AgentCredentialContent {
+        issuer: issuer.kid.as_bytes().to_vec(),
+        account: common::ACCOUNT.to_vec(),
+        identity: name.as_bytes().to_vec(),
+        cipher_suite: 1,
+        signature_key: public.to_vec(),
+        not_before: now - 60,
+        not_after: now + 3600,
+    });
+    let signing = SigningIdentity::new(credential.to_mls_credential().unwrap(), public);
+    let anchors = TrustAnchors::new([(issuer.kid.clone(), issuer.public.to_vec())]).unwrap();
+    Client::builder()
+        .crypto_provider(AwsLcCryptoProvider::default())
+        .identity_provider(SvcIdentityProvider::new(anchors))
+        .mls_rules(DefaultMlsRules::new().with_encryption_options(EncryptionOptions::new(false, Default::default())))
+        .extension_type(ExtensionType::new(ROLES_EXTENSION))
+        .signing_identity(signing, secret, CipherSuite::CURVE25519_AES128)
+        .build()
+}
+
+#[test]
+fn a_rogue_members_policy_breaking_commits_are_refused_by_the_relay_and_members() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    let rogue = rogue_client("mallory");
+    let kp = rogue
+        .generate_key_package_message(ExtensionList::default(), ExtensionList::default(), None)
+        .unwrap();
+    let add = g[0].add_members(&[kp.to_bytes().unwrap()]).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&add.commit, &mut tracked, &[&g[1], &g[2]]);
+    let welcome = MlsMessage::from_bytes(add.welcome.as_ref().unwrap()).unwrap();
+    let (mut group, _) = rogue.join_group(None, &welcome, None).unwrap();
+    let before = tracked.snapshot().unwrap();
+
+    let attempts: Vec<(&str, Vec<u8>)> = vec![
+        ("remove the owner", {
+            let out = group.commit_builder().remove_member(0).unwrap().build().unwrap();
+            group.clear_pending_commit();
+            out.commit_message.to_bytes().unwrap()
+        }),
+        ("remove another member", {
+            let out = group.commit_builder().remove_member(1).unwrap().build().unwrap();
+            group.clear_pending_commit();
+            out.commit_message.to_bytes().unwrap()
+        }),
+        ("make itself owner", {
+            let roles = RolesExt::new(mid("mallory"));
+            let ext = _native::policy::with_roles(&group.context().extensions, roles);
+            let out = group
+                .commit_builder()
+                .set_group_context_ext(ext)
+                .unwrap()
+                .build()
+                .unwrap();
+            group.clear_pending_commit();
+            out.commit_message.to_bytes().unwrap()
+        }),
+        ("add a member", {
+            let d = agent("dave");
+            let kp = MlsMessage::from_bytes(&d.engine.generate_key_package().unwrap()).unwrap();
+            let out = group.commit_builder().add_member(kp).unwrap().build().unwrap();
+            group.clear_pending_commit();
+            out.commit_message.to_bytes().unwrap()
+        }),
+    ];
+    for (what, commit) in attempts {
+        let err = tracked.process(&commit).expect_err(what).to_string();
+        assert!(err.contains("policy:"), "{what}: {err}");
+        for m in [&g[0], &g[1]] {
+            let err = m.process(&commit).expect_err(what).to_string();
+            assert!(err.contains("policy:"), "{what}: {err}");
+        }
+    }
+    assert_eq!(tracked.snapshot().unwrap(), before);
+    // The channel is not wedged: the owner still commits.
+    let update = g[0].self_update().unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&update.commit, &mut tracked, &[&g[1], &g[2]]);
+}
