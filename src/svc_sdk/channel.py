@@ -688,12 +688,26 @@ class Channel:
             self._check_open()
             self._in_commit = True
             try:
+                refreshed = False
                 for _ in range(COMMIT_ATTEMPTS):
                     self._drain_available()
                     self._check_open()
                     if self._group.has_pending_commit:
                         self._settle()  # left by a crash or a lost connection
-                    pending = make()
+                    try:
+                        pending = make()
+                    except MlsError as exc:
+                        # The engine judges the policy on this agent's copy of the group:
+                        # a role granted by a commit the relay accepted but this agent
+                        # has not received yet counts once it has caught up.
+                        if refreshed or "policy:" not in str(exc):
+                            raise
+                        refreshed = True
+                        head = self._relay(create=pb.CreateChannel(channel=self.name))
+                        if head.epoch <= self._group.epoch:
+                            raise
+                        self._catch_up(head.epoch)
+                        continue
                     if pending is None:
                         return None
                     frame = pb.Commit(

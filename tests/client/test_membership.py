@@ -88,3 +88,31 @@ def test_a_plain_member_cannot_add_remove_or_promote_and_the_channel_goes_on(
             chan_b.remove_member(ca.agent_id)
         chan_a.send(b"after the refusals")
         assert take(chan_c, 1) == [b"after the refusals"]
+
+
+def test_a_member_whose_promotion_is_still_in_flight_adds_at_once(
+    stack: LocalStack, channel_name: str, ids: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bob's engine judges the policy on his copy of the group. When the owner's commit
+    promoting him is accepted but not yet processed by his client (here: held back from
+    his first look at what arrived), his add catches up with the relay and goes through
+    instead of failing with a policy error."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("alice"), ids("bob"))
+    cc = client(stack, ids("carol"))
+    with ca, cb, cc:
+        real = chan_b._drain_available
+        held: list[bool] = []
+
+        def late(*args: Any, **kwargs: Any) -> Any:
+            if not held:
+                held.append(True)
+                return None
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(chan_b, "_drain_available", late)
+        chan_a.set_role(cb.agent_id, "admin")
+        chan_c = cc.join_channel(channel_name, chan_b.add_member(cc.generate_key_package()))
+        assert held, "the promotion was held back once"
+        assert chan_b.roles()[cb.agent_id] == "admin"
+        chan_a.send(b"to carol")
+        assert take(chan_c, 1) == [b"to carol"]
