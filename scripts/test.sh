@@ -25,7 +25,7 @@ VENV=${SVC_VENV:-.venv}
 
 echo "== rust: format, lint, tests"
 cargo fmt --all --check
-cargo clippy --locked -q -p svc-native --features python --all-targets -- -D warnings
+cargo clippy --locked -q -p svc-native --features python,attacker --all-targets -- -D warnings
 cargo clippy --locked -q -p svc-crypto-bench -p svc-identity-bench -- -D warnings
 cargo test --locked -q -p svc-native
 

@@ -96,10 +96,10 @@ impl Agent {
 
 pub struct Engine {
     client: RwLock<MlsClient>,
-    agent: Arc<Agent>,
+    pub(crate) agent: Arc<Agent>,
     identity: Vec<u8>,
-    cipher_suite: CipherSuite,
-    db: PathBuf,
+    pub(crate) cipher_suite: CipherSuite,
+    pub(crate) db: PathBuf,
     store: Mutex<IdentityStore>,
     data_dir: PathBuf,
     group_storage: SqLiteGroupStateStorage,

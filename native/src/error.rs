@@ -3,6 +3,8 @@
 
 use mls_rs::error::MlsError as RsError;
 
+use crate::policy::PolicyError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("cannot use data_dir {path}: {detail}")]
@@ -67,6 +69,10 @@ pub enum EngineError {
 
     #[error("{op}: {detail}")]
     Mls { op: &'static str, detail: String },
+
+    /// The commit or proposal breaks the channel's policy (roles): Python's `PolicyError`.
+    #[error("{op}: {policy}")]
+    Policy { op: &'static str, policy: PolicyError },
 
     #[error("agent credential was issued by unknown key {kid:?}; trusted keys: {}", list_or_none(.trusted))]
     UnknownIssuer { kid: String, trusted: Vec<String> },
@@ -172,6 +178,14 @@ impl EngineError {
 
     /// Wraps an mls-rs error with the operation that failed and a plain description.
     pub fn mls(op: &'static str, err: RsError) -> Self {
+        if let RsError::MlsRulesError(inner) = &err {
+            if let Some(policy) = inner.inner_dyn_error().downcast_ref::<PolicyError>() {
+                return EngineError::Policy {
+                    op,
+                    policy: policy.clone(),
+                };
+            }
+        }
         let detail = match &err {
             RsError::CantProcessMessageFromSelf => "message was sent by this agent itself".into(),
             RsError::InvalidSignature => "signature check failed (forged or corrupted message)".into(),

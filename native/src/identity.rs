@@ -182,7 +182,7 @@ pub(crate) fn member_id(cred: &AgentCredential) -> Vec<u8> {
 
 /// The member id of a leaf mls-rs has already validated; empty if it is not an agent
 /// credential (which the provider never admits).
-pub(crate) fn member_id_of(credential: &Credential) -> Vec<u8> {
+pub fn member_id_of(credential: &Credential) -> Vec<u8> {
     decode(credential).map(|c| member_id(&c)).unwrap_or_default()
 }
 

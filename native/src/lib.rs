@@ -5,6 +5,8 @@
 //! change, commits that stay pending until the delivery service decides. The `python`
 //! feature adds the PyO3 bindings that ship as `svc_sdk._native`.
 
+#[cfg(feature = "attacker")]
+pub mod attacker;
 pub mod credential;
 pub mod data_dir;
 pub mod engine;

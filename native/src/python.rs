@@ -24,6 +24,14 @@ create_exception!(
     "An MLS engine failure. The message starts with 'MLS engine error: '."
 );
 
+create_exception!(
+    _native,
+    PolicyError,
+    MlsError,
+    "A commit or proposal that breaks the channel's policy (roles): refused by this agent's \
+     engine, by the relay and by every member. The message contains 'policy: ' and why."
+);
+
 fn to_py(e: EngineError) -> PyErr {
     // Not MLS failures: the agent's directory is unusable as given, or a write to it
     // failed; the library reports both as `runtime error: ` (svc_sdk.errors.InternalError).
@@ -43,6 +51,7 @@ fn to_py(e: EngineError) -> PyErr {
                 Err(err) => err,
             }
         }),
+        None if matches!(e, EngineError::Policy { .. }) => PolicyError::new_err(format!("MLS engine error: {e}")),
         None => MlsError::new_err(format!("MLS engine error: {e}")),
     }
 }
@@ -960,6 +969,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_agent_credential, m)?)?;
     m.add_function(wrap_pyfunction!(verify_credential_request, m)?)?;
     m.add("MlsError", m.py().get_type::<MlsError>())?;
+    m.add("PolicyError", m.py().get_type::<PolicyError>())?;
     m.add("DEFAULT_CIPHER_SUITE", DEFAULT_CIPHER_SUITE)?;
     Ok(())
 }

@@ -17,7 +17,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from svc_sdk.mls import GroupTracker, MlsError, Observed, Roles, TrackedGroup
+from svc_sdk.mls import GroupTracker, MlsError, Observed, PolicyError, Roles, TrackedGroup
 
 from ..auth.key_packages import CredentialKeys, KeyPackageError
 from ..services.channels import Event, Member
@@ -26,6 +26,10 @@ from .store import LogStore
 
 class Invalid(Exception):
     """The message does not validate against the channel's group; nothing was stored."""
+
+
+class PolicyBreach(Invalid):
+    """The message is a valid handshake of a member that the channel's policy forbids."""
 
 
 class Stale(Exception):
@@ -116,12 +120,12 @@ class Groups:
             return await asyncio.to_thread(call, *args)
         except MlsError as exc:
             if "unknown key" not in str(exc):
-                raise Invalid(str(exc)) from None
+                raise _invalid(exc) from None
         self._refresh_anchors(refresh=True)
         try:
             return await asyncio.to_thread(call, *args)
         except MlsError as exc:
-            raise Invalid(str(exc)) from None
+            raise _invalid(exc) from None
 
     async def observe(self, channel: str, group_info: bytes, creator: bytes) -> TrackedGroup:
         """The group a creator's GroupInfo describes, if it is a new group of ``channel``
@@ -191,6 +195,10 @@ class Groups:
     def accepted(self, channel: str, v: Validated) -> None:
         """The store took ``v``'s state as the version after ``v.version``."""
         self._put(channel, v.version + 1, v.group, len(v.snapshot))
+
+
+def _invalid(exc: MlsError) -> Invalid:
+    return PolicyBreach(str(exc)) if isinstance(exc, PolicyError) else Invalid(str(exc))
 
 
 @dataclass(frozen=True, slots=True)

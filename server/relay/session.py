@@ -18,7 +18,7 @@ from svc_sdk.names import is_valid_channel_name as valid_name
 
 from ..auth import Claims, InvalidToken
 from ..services.channels import Event
-from .groups import Invalid, Stale, Validated, events, roster, split
+from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
 from .store import CommitRejected, CursorExpired, Entry, GroupConflict
 
@@ -220,7 +220,7 @@ class StreamSession:
         except Stale as exc:
             raise RequestError(STALE, str(exc), epoch=exc.current_epoch) from None
         except Invalid as exc:
-            policy = "policy:" in str(exc)
+            policy = isinstance(exc, PolicyBreach)
             self.relay.metrics.handshake_rejections.labels("policy" if policy else "invalid").inc()
             code = DENIED if policy else INVALID
             raise RequestError(code, f"handshake refused: {exc}") from None

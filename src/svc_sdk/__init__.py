@@ -26,6 +26,7 @@ from svc_sdk.errors import (
     InternalError,
     InviteError,
     MlsError,
+    PolicyError,
     SvcError,
     TransportError,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "Message",
     "MessageIterator",
     "MlsError",
+    "PolicyError",
     "Protocol",
     "ProtocolBridge",
     "SLIMAdapter",

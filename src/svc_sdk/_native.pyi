@@ -9,6 +9,9 @@ DEFAULT_CIPHER_SUITE: Final[int]
 class MlsError(RuntimeError):
     """MLS engine failure; the message starts with 'MLS engine error: '."""
 
+class PolicyError(MlsError):
+    """A commit or proposal that breaks the channel's policy (roles)."""
+
 class Engine:
     def __init__(
         self, data_dir: str | PathLike[str], identity: bytes, cipher_suite: int | None = None

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from svc_sdk._native import Group, MlsError, PendingCommit, inspect
+from svc_sdk._native import Group, MlsError, PendingCommit, PolicyError, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import (
@@ -696,11 +696,11 @@ class Channel:
                         self._settle()  # left by a crash or a lost connection
                     try:
                         pending = make()
-                    except MlsError as exc:
+                    except PolicyError:
                         # The engine judges the policy on this agent's copy of the group:
                         # a role granted by a commit the relay accepted but this agent
                         # has not received yet counts once it has caught up.
-                        if refreshed or "policy:" not in str(exc):
+                        if refreshed:
                             raise
                         refreshed = True
                         head = self._relay(create=pb.CreateChannel(channel=self.name))

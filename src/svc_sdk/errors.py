@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from svc_sdk._native import MlsError
+from svc_sdk._native import MlsError, PolicyError
 
 if TYPE_CHECKING:
     from svc_sdk.relay_client import RelayError
@@ -25,6 +25,7 @@ __all__ = [
     "InternalError",
     "InviteError",
     "MlsError",
+    "PolicyError",
     "SvcError",
     "TransportError",
 ]

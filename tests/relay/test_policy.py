@@ -1,0 +1,142 @@
+"""The channel policy against a member that does not play by it, through a running relay:
+commits an honest engine refuses to build (made by native/examples/rogue_commit.rs with
+mls-rs's permissive rules and the member's own key) and hostile GroupInfos for a new
+channel are refused, nothing is stored, and the channel goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import grpc
+import pytest
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.mls import Group, PolicyError
+from svc_server.stack import Stack
+
+from .conftest import Account
+from .test_relay import CHANNEL, close, member, pair
+
+pytestmark = pytest.mark.anyio
+DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def rogue_commit() -> Path:
+    """The rogue member's tool, built with cargo (incrementally: the suite's cargo test
+    has compiled its dependencies)."""
+    built = subprocess.run(
+        [
+            "cargo",
+            *("build", "--locked", "-q", "-p", "svc-native", "--features", "attacker"),
+            *("--example", "rogue_commit", "--message-format", "json"),
+        ],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    for line in built.stdout.splitlines():
+        artifact = json.loads(line)
+        if artifact.get("reason") == "compiler-artifact" and artifact.get("executable"):
+            return Path(artifact["executable"])
+    raise AssertionError(f"cargo built no rogue_commit executable: {built.stdout[-2000:]}")
+
+
+def rogue(tool: Path, data_dir: Path, identity: str, attack: str, *args: str) -> bytes:
+    done = subprocess.run(
+        [tool, data_dir, identity, CHANNEL, attack, *args], capture_output=True, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout
+    return done.stdout
+
+
+async def test_a_rogue_members_commits_are_refused_by_the_relay_and_the_members(
+    stack: Stack, account: Account, tmp_path: Path, rogue_commit: Path
+) -> None:
+    alice, bob = await pair(stack, account, tmp_path)
+    mallory = await member(stack, account, tmp_path, "mallory")
+    await alice.add(CHANNEL, mallory)
+    await mallory.join(CHANNEL)
+    await bob.next()
+    assert alice.group and bob.group and mallory.group
+    epoch = alice.group.epoch
+    head = (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
+    dave = await member(stack, account, tmp_path, "dave")
+    kp_file = tmp_path / "dave.kp"
+    kp_file.write_bytes(dave.engine.generate_key_package())
+    # Mallory's engine lets go of her data_dir for the tool, which signs with her key.
+    mallory.engine.close()
+    data_dir = tmp_path / "mallory"
+    attacks = {
+        "remove-owner": rogue(rogue_commit, data_dir, "mallory", "remove-owner"),
+        "promote-self": rogue(rogue_commit, data_dir, "mallory", "promote-self"),
+        "add": rogue(rogue_commit, data_dir, "mallory", "add", str(kp_file)),
+    }
+    for what, commit in attacks.items():
+        reply = await mallory.conn.request(
+            check=False, commit=pb.Commit(channel=CHANNEL, epoch=epoch, commit=commit)
+        )
+        assert reply.code == DENIED, (what, reply)
+        assert "policy: " in reply.message, (what, reply.message)
+        # Had a relay let it through, each member refuses it on its own.
+        for group in (alice.group, bob.group):
+            with pytest.raises(PolicyError, match="policy: "):
+                await asyncio.to_thread(group.process, commit)
+    assert (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    assert alice.group.epoch == bob.group.epoch == epoch
+
+    # The channel is not wedged: the owner removes mallory, and the members go on.
+    pending = alice.group.remove_members([mallory.member_id])
+    reply = await alice.conn.request(
+        commit=pb.Commit(channel=CHANNEL, epoch=pending.epoch, commit=pending.commit)
+    )
+    alice.group.apply_pending_commit()
+    assert reply.epoch == epoch + 1
+    await bob.next()
+    await alice.send(CHANNEL, "mallory is out")
+    await bob.next()
+    assert bob.received[-1] == b"mallory is out"
+    await close(alice, bob, mallory, dave)
+
+
+async def test_hostile_group_infos_create_no_channel(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """CreateChannel's GroupInfo is where the relay's view of a group starts: one that
+    names another group, another creator or more members than the creator is refused."""
+    alice = await member(stack, account, tmp_path, "alice")
+    bob = await member(stack, account, tmp_path, "bob")
+
+    async def create(group_info: bytes) -> pb.Reply:
+        return await alice.conn.request(
+            check=False, create=pb.CreateChannel(channel=CHANNEL, group_info=group_info)
+        )
+
+    def with_bob(group: Group) -> bytes:
+        group.add_members([bob.engine.generate_key_package()])
+        group.apply_pending_commit()
+        return group.group_info()
+
+    hostile = {
+        "garbage": os.urandom(300),
+        "another group": alice.engine.create_group(b"acme/support/other").group_info(),
+        "another creator": bob.engine.create_group(CHANNEL.encode()).group_info(),
+        "two members": with_bob(alice.engine.create_group(b"acme/support/pair")),
+        "a key package": alice.engine.generate_key_package(),
+    }
+    for what, group_info in hostile.items():
+        reply = await create(group_info)
+        assert reply.code == INVALID, (what, reply)
+        assert "group_info refused" in reply.message, (what, reply.message)
+    # Nothing was created: the channel's name is still free for its real creator.
+    await alice.create(CHANNEL)
+    assert alice.group is not None and alice.group.epoch == 0
+    await close(alice, bob)
