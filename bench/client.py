@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from svc_sdk import SvcClient
-from svc_sdk.cli import positive
+from svc_sdk._argtypes import whole_number
 from svc_sdk.mls import Engine
 from svc_sdk.testing import LocalIssuer, LocalStack
 
@@ -142,9 +142,11 @@ def round_trips(stack: dict[str, str], rounds: int) -> tuple[float, float, float
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=positive, default=20000)
-    parser.add_argument("--rounds", type=positive, default=3)
-    parser.add_argument("--round-trips", type=positive, default=500, help="samples per round")
+    parser.add_argument("--messages", type=whole_number(1), default=20000)
+    parser.add_argument("--rounds", type=whole_number(1), default=3)
+    parser.add_argument(
+        "--round-trips", type=whole_number(1), default=500, help="samples per round"
+    )
     args = parser.parse_args()
     with LocalStack() as running:
         stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}

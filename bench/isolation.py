@@ -46,10 +46,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from svc_sdk._relay_pb import relay_pb2 as pb  # noqa: E402
-from svc_sdk.api_client import ApiClient  # noqa: E402
 from svc_sdk.mls import Engine  # noqa: E402
 from svc_sdk.relay_client import RelayConnection  # noqa: E402
-from svc_sdk.testing import LocalIssuer  # noqa: E402
+from svc_sdk.testing import LocalIssuer, certify_with_api  # noqa: E402
 
 CHANNEL = "bench/isolation/rtt"
 HEADER_TOTAL = 256 * 1024 * 1024
@@ -249,13 +248,7 @@ class Probe:
 def group_info(api_url: str, key: str) -> bytes:
     """The GroupInfo the relay needs to create (and track) the channel: a real group whose
     creator, the probe's identity, holds an agent credential from the account API."""
-    engine = Engine(Path(tempfile.mkdtemp()) / "bench", b"bench")
-    client = ApiClient(api_url, key)
-    try:
-        engine.set_trust_anchors(client.credential_keys())
-        engine.install_credential(client.agent_credential(engine))
-    finally:
-        client.close()
+    engine = certify_with_api(Engine(Path(tempfile.mkdtemp()) / "bench", b"bench"), api_url, key)
     return engine.create_group(CHANNEL.encode()).group_info()
 
 

@@ -31,10 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from svc_sdk._relay_pb import relay_pb2 as pb  # noqa: E402
-from svc_sdk.api_client import ApiClient  # noqa: E402
 from svc_sdk.mls import Engine  # noqa: E402
 from svc_sdk.relay_client import RelayConnection  # noqa: E402
-from svc_sdk.testing import LocalIssuer  # noqa: E402
+from svc_sdk.testing import LocalIssuer, certify_with_api  # noqa: E402
 from tests.support import RedisServer, free_port, wait_healthy  # noqa: E402
 
 CHANNEL = "bench/relay/fanout"
@@ -74,13 +73,7 @@ async def create_channel(target: str, token: str, api: tuple[str, str]) -> None:
     Later CreateChannel frames without a GroupInfo only read the channel's head."""
 
     def group_info() -> bytes:
-        engine = Engine(Path(tempfile.mkdtemp()) / "creator", b"creator")
-        client = ApiClient(*api)
-        try:
-            engine.set_trust_anchors(client.credential_keys())
-            engine.install_credential(client.agent_credential(engine))
-        finally:
-            client.close()
+        engine = certify_with_api(Engine(Path(tempfile.mkdtemp()) / "creator", b"creator"), *api)
         return engine.create_group(CHANNEL.encode()).group_info()
 
     info = await asyncio.to_thread(group_info)

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from svc_sdk import credentials
+from svc_sdk._argtypes import whole_number
 from svc_sdk.agent_id import AgentId
 from svc_sdk.names import check_channel_name
 
@@ -245,25 +246,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("name", help="the channel, org/namespace/service")
     p.add_argument(
-        "--after", type=_event_id, default=0, help="only events with a larger id than this"
+        "--after", type=whole_number(0), default=0, help="only events with a larger id than this"
     )
-    p.add_argument("--limit", type=_page_size, default=100, help="at most this many (1-1000)")
+    p.add_argument(
+        "--limit", type=whole_number(1, 1000), default=100, help="at most this many (1-1000)"
+    )
     json_flag(p)
     p.set_defaults(func=channels_events)
-
-
-def _event_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
-
-
-def _page_size(text: str) -> int:
-    value = _event_id(text)
-    if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"must be 1 to 1000, not {value}")
-    return value

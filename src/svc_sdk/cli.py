@@ -8,17 +8,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from svc_sdk import __version__, account_cli
-
-
-def positive(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+from svc_sdk._argtypes import whole_number
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -69,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser.add_subparsers(dest="command", required=True, metavar="COMMAND"),
     )
     demo = sub.add_parser("demo", help="two agents exchange encrypted messages")
-    demo.add_argument("--rounds", type=positive, default=3, help="message round trips")
+    demo.add_argument("--rounds", type=whole_number(1), default=3, help="message round trips")
     demo.set_defaults(func=_demo)
     mcp = sub.add_parser(
         "mcp",

@@ -250,3 +250,18 @@ class LocalIssuer:
         engine.set_trust_anchors(self.anchors)
         engine.install_credential(self.credential(engine, account=account))
         return engine
+
+
+def certify_with_api(engine: Engine, api_url: str, api_key: str) -> Engine:
+    """Trusts the account API's credential keys in ``engine`` and installs an agent
+    credential the API issued for it, as ``SvcClient`` does: what an engine driven
+    without a client needs before the relay takes its key packages and groups."""
+    from svc_sdk.api_client import ApiClient
+
+    client = ApiClient(api_url, api_key)
+    try:
+        engine.set_trust_anchors(client.credential_keys())
+        engine.install_credential(client.agent_credential(engine))
+    finally:
+        client.close()
+    return engine

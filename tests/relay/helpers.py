@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.api_client import ApiClient
-from svc_sdk.mls import Engine, Group
+from svc_sdk.mls import Engine, Group, PendingCommit
 from svc_sdk.relay_client import RelayConnection
+from svc_sdk.testing import certify_with_api
 
 from ..conftest import ISSUER
 
@@ -48,8 +48,11 @@ class Member:
 
     async def add(self, channel: str, other: Member) -> None:
         assert self.group is not None
-        key_package = other.engine.generate_key_package()
-        pending = self.group.add_members([key_package])
+        await self.commit(channel, self.group.add_members([other.engine.generate_key_package()]))
+
+    async def commit(self, channel: str, pending: PendingCommit) -> pb.Reply:
+        """Sends ``pending`` and applies it once the relay accepted it."""
+        assert self.group is not None
         reply = await self.conn.request(
             commit=pb.Commit(
                 channel=channel,
@@ -60,6 +63,7 @@ class Member:
         )
         self.group.apply_pending_commit()
         self.cursor = reply.seq
+        return reply
 
     async def join(self, channel: str) -> None:
         welcome = await asyncio.wait_for(self.conn.welcomes.get(), 10)
@@ -109,10 +113,4 @@ def engine(root: Path, name: str, api: tuple[str, str] | None = None) -> Engine:
     made = Engine(root / name, name.encode())
     if api is None:
         return ISSUER.certify(made)
-    client = ApiClient(*api)
-    try:
-        made.set_trust_anchors(client.credential_keys())
-        made.install_credential(client.agent_credential(made))
-    finally:
-        client.close()
-    return made
+    return certify_with_api(made, *api)

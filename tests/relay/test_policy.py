@@ -94,11 +94,7 @@ async def test_a_rogue_members_commits_are_refused_by_the_relay_and_the_members(
     assert alice.group.epoch == bob.group.epoch == epoch
 
     # The channel is not wedged: the owner removes mallory, and the members go on.
-    pending = alice.group.remove_members([mallory.member_id])
-    reply = await alice.conn.request(
-        commit=pb.Commit(channel=CHANNEL, epoch=pending.epoch, commit=pending.commit)
-    )
-    alice.group.apply_pending_commit()
+    reply = await alice.commit(CHANNEL, alice.group.remove_members([mallory.member_id]))
     assert reply.epoch == epoch + 1
     await bob.next()
     await alice.send(CHANNEL, "mallory is out")

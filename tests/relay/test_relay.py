@@ -326,11 +326,7 @@ async def test_forged_replayed_and_foreign_handshakes_are_refused_and_the_channe
     assert replay.code == STALE, replay
     await alice.next()  # bob's update, processed
     assert alice.group.epoch == bob.group.epoch == epoch + 1
-    again = alice.group.self_update()
-    reply = await alice.conn.request(
-        commit=pb.Commit(channel=CHANNEL, epoch=again.epoch, commit=again.commit)
-    )
-    alice.group.apply_pending_commit()
+    reply = await alice.commit(CHANNEL, alice.group.self_update())
     assert reply.epoch == epoch + 2
     await bob.next()
     await alice.send(CHANNEL, "the channel still works")
