@@ -4,12 +4,12 @@ store, the hub and the metrics shared by all streams."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -62,18 +62,46 @@ class Relay:
         self.groups = Groups(store, credential_keys, settings.relay_group_cache_bytes)
         self.sessions: set[StreamSession] = set()
         self._rechecks: set[asyncio.Task[None]] = set()
+        # Per channel, entries stored after a handshake whose access recheck is running.
+        self._held: dict[str, collections.deque[Entry]] = {}
         self.metrics.tracked_groups.set_function(lambda: self.groups.cached[0])
         self.metrics.tracked_group_bytes.set_function(lambda: self.groups.cached[1])
         self.metrics.lagged.set_function(lambda: self.hub.lagged)
         self.store.set_sink(self._stored)
         self._trimmer: asyncio.Task[None] | None = None
 
-    def _stored(self, entries: Any, welcomes: Any) -> None:
-        self.hub.publish(entries, welcomes)
-        for channel in {e.channel for e in entries if e.handshake}:
-            task = asyncio.ensure_future(self._recheck(channel))
-            self._rechecks.add(task)
-            task.add_done_callback(self._rechecks.discard)
+    def _stored(self, entries: Sequence[Entry], welcomes: Sequence[WelcomeEntry]) -> None:
+        """Fans newly stored entries out in order. After a handshake, a channel's later
+        entries wait until every stream's access has been checked again, so a stream of
+        an account the commit removed never receives what was sent after it."""
+        now: list[Entry] = []
+        for entry in entries:
+            held = self._held.get(entry.channel)
+            if held is not None:
+                held.append(entry)
+                continue
+            now.append(entry)
+            if entry.handshake:
+                self._held[entry.channel] = collections.deque()
+                task = asyncio.ensure_future(self._recheck_and_release(entry.channel))
+                self._rechecks.add(task)
+                task.add_done_callback(self._rechecks.discard)
+        self.hub.publish(now, welcomes)
+
+    async def _recheck_and_release(self, channel: str) -> None:
+        held = self._held[channel]
+        try:
+            while True:
+                await self._recheck(channel)
+                released: list[Entry] = []
+                while held and not (released and released[-1].handshake):
+                    released.append(held.popleft())
+                self.hub.publish(released, ())
+                if not (released and released[-1].handshake):
+                    return
+        finally:
+            # Cancelled at shutdown: what is still held is stored; streams catch up.
+            del self._held[channel]
 
     async def may_use(self, channel: str, account_id: uuid.UUID) -> bool:
         """Access follows membership: an account may use a channel while one of its agents

@@ -6,6 +6,7 @@ channel are refused, nothing is stored, and the channel goes on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.mls import Group, PolicyError
 from svc_server.stack import Stack
 
-from .conftest import Account
+from .conftest import Account, connect, new_account
 from .test_relay import CHANNEL, close, member, pair
 
 pytestmark = pytest.mark.anyio
@@ -136,3 +137,47 @@ async def test_hostile_group_infos_create_no_channel(
     await alice.create(CHANNEL)
     assert alice.group is not None and alice.group.epoch == 0
     await close(alice, bob)
+
+
+async def test_a_removed_members_account_loses_every_stream_at_once(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """Access follows membership: when bob (another account) is removed, every stream of
+    his account stops receiving the channel with the commit that removed him, and the
+    account's calls on it are refused."""
+    alice = await member(stack, account, tmp_path, "alice")
+    bobs = await new_account(stack.api_url, "bob@example.com")
+    bob = await member(stack, bobs, tmp_path, "bob")
+    await alice.create(CHANNEL)
+    await alice.add(CHANNEL, bob)
+    await bob.join(CHANNEL)
+    # Another agent of bob's account reads the channel's (ciphertext) stream.
+    watcher = await connect(stack, bobs, b"bob-watcher")
+    await watcher.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=bob.cursor))
+    witness = await connect(stack, account, b"alice-witness")
+    await witness.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=bob.cursor))
+    await alice.send(CHANNEL, "before")
+    await bob.next()
+    assert bob.received == [b"before"]
+    seen = (await asyncio.wait_for(watcher.deliveries.get(), 10)).seq
+
+    removal = await alice.commit(CHANNEL, alice.group.remove_members([bob.member_id]))
+    last = await alice.send(CHANNEL, "after the removal")
+    # A stream of alice's account has both by now; bob's account's end at the removal.
+    while (await asyncio.wait_for(witness.deliveries.get(), 10)).seq != last:
+        pass
+    for stream in (bob.conn, watcher):
+        got = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append((await asyncio.wait_for(stream.deliveries.get(), 1)).seq)
+        assert max(got, default=seen) <= removal.seq, got
+    for frame in (
+        {"subscribe": pb.Subscribe(channel=CHANNEL)},
+        {"publish": pb.Publish(channel=CHANNEL, message=[b"x"])},
+    ):
+        for conn in (bob.conn, watcher):
+            assert (await conn.request(check=False, **frame)).code == DENIED, frame
+    await close(alice, bob)
+    await watcher.close()
+    await witness.close()
