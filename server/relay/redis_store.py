@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -32,6 +33,7 @@ from .store import (
     Entry,
     EntrySink,
     GroupConflict,
+    StaleMessages,
     WelcomeEntry,
 )
 
@@ -44,12 +46,24 @@ WELCOME_STREAM = "svc:welcomes"
 FOLLOW_BLOCK_MS = 5000
 FOLLOW_SOCKET_TIMEOUT = FOLLOW_BLOCK_MS / 1000 + 10
 
-# KEYS: meta, log. ARGV: sender, epoch, message, stored_at.
+# KEYS: meta, log. ARGV: sender, stored_at, check ("1": refuse messages of an epoch
+# other than the channel's), then epoch and message of each message. All or nothing:
+# returns {first seq, epoch}, or {-1, epoch} when refused.
 APPEND = """
-local seq = redis.call('HINCRBY', KEYS[1], 'head', 1)
-redis.call('XADD', KEYS[2], seq .. '-1',
-  's', ARGV[1], 'h', '0', 'e', ARGV[2], 'm', ARGV[3], 't', ARGV[4])
-return seq
+local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if ARGV[3] == '1' then
+  for i = 4, #ARGV, 2 do
+    if tonumber(ARGV[i]) ~= current then return {-1, current} end
+  end
+end
+local count = math.floor((#ARGV - 3) / 2)
+local first = redis.call('HINCRBY', KEYS[1], 'head', count) - count + 1
+for i = 4, #ARGV, 2 do
+  local seq = first + math.floor((i - 4) / 2)
+  redis.call('XADD', KEYS[2], seq .. '-1',
+    's', ARGV[1], 'h', '0', 'e', ARGV[i], 'm', ARGV[i + 1], 't', ARGV[2])
+end
+return {first, current}
 """
 
 # KEYS: meta, log, welcome stream, group. ARGV: sender, epoch, commit, stored_at, channel,
@@ -138,6 +152,17 @@ async def _stop(task: asyncio.Task[None]) -> None:
         await task
 
 
+@dataclass(frozen=True, slots=True)
+class _Append:
+    """Messages to store consecutively, in one script call."""
+
+    channel: str
+    sender: bytes
+    messages: list[tuple[bytes, int]]
+    check: bool  # refuse them unless they are all of the channel's current epoch
+    future: asyncio.Future[list[Entry]]
+
+
 class RedisLogStore:
     def __init__(self, url: str, retention_seconds: int = 7 * 86_400) -> None:
         self._url = url
@@ -153,9 +178,7 @@ class RedisLogStore:
         self._commit: Any = None
         self._create_group: Any = None
         self._save_group: Any = None
-        self._appends: asyncio.Queue[tuple[str, bytes, bytes, int, asyncio.Future[Entry]]] = (
-            asyncio.Queue()
-        )
+        self._appends: asyncio.Queue[_Append] = asyncio.Queue()
         self._appender: asyncio.Task[None] | None = None
 
     def set_sink(self, sink: EntrySink) -> None:
@@ -199,16 +222,24 @@ class RedisLogStore:
     def append(
         self, channel: str, sender: bytes, message: bytes, epoch: int
     ) -> asyncio.Future[Entry]:
-        future: asyncio.Future[Entry] = asyncio.get_running_loop().create_future()
-        self._appends.put_nowait((channel, sender, message, epoch, future))
-        return future
+        many = self._enqueue(channel, sender, [(message, epoch)], check=False)
+
+        async def one() -> Entry:
+            return (await many)[0]
+
+        return asyncio.ensure_future(one())
 
     def append_many(
         self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
     ) -> asyncio.Future[list[Entry]]:
-        # Queued together, so they are stored consecutively in call order.
-        futures = [self.append(channel, sender, message, epoch) for message, epoch in messages]
-        return asyncio.gather(*futures)
+        return self._enqueue(channel, sender, messages, check=True)
+
+    def _enqueue(
+        self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]], check: bool
+    ) -> asyncio.Future[list[Entry]]:
+        future: asyncio.Future[list[Entry]] = asyncio.get_running_loop().create_future()
+        self._appends.put_nowait(_Append(channel, sender, list(messages), check, future))
+        return future
 
     async def _append_in_order(self) -> None:
         """Runs queued appends in call order, many per round trip: one pipeline of
@@ -220,20 +251,31 @@ class RedisLogStore:
             now = time.time()
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
-                    for channel, sender, message, epoch, _ in batch:
-                        args = [sender, epoch, message, repr(now)]
+                    for a in batch:
+                        args: list[Any] = [a.sender, repr(now), "1" if a.check else "0"]
+                        for message, epoch in a.messages:
+                            args += [epoch, message]
                         await self._append(
-                            keys=[_meta(channel), _log(channel)], args=args, client=pipe
+                            keys=[_meta(a.channel), _log(a.channel)], args=args, client=pipe
                         )
-                    seqs = await pipe.execute()
+                    results = await pipe.execute()
             except Exception as exc:
-                for *_, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                for a in batch:
+                    if not a.future.done():
+                        a.future.set_exception(exc)
                 continue
-            for (channel, sender, message, epoch, future), seq in zip(batch, seqs, strict=True):
-                if not future.done():
-                    future.set_result(Entry(channel, int(seq), sender, False, epoch, message, now))
+            for a, (first, current) in zip(batch, results, strict=True):
+                if a.future.done():
+                    continue
+                if first == -1:
+                    a.future.set_exception(StaleMessages(int(current)))
+                    continue
+                a.future.set_result(
+                    [
+                        Entry(a.channel, int(first) + i, a.sender, False, epoch, message, now)
+                        for i, (message, epoch) in enumerate(a.messages)
+                    ]
+                )
 
     async def commit(
         self,

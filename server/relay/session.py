@@ -20,7 +20,7 @@ from ..auth import Claims, InvalidToken
 from ..services.channels import Event
 from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
-from .store import CommitRejected, CursorExpired, Entry, GroupConflict
+from .store import CommitRejected, CursorExpired, Entry, GroupConflict, StaleMessages
 
 if TYPE_CHECKING:
     from .service import Relay
@@ -287,9 +287,12 @@ class StreamSession:
 
     def _stored(self, request_id: int, stored: asyncio.Future[list[Entry]]) -> None:
         self._in_flight.release()
-        if stored.cancelled() or stored.exception() is not None:
-            if not stored.cancelled():
-                log.error("storing a message failed", exc_info=stored.exception())
+        error = None if stored.cancelled() else stored.exception()
+        if isinstance(error, StaleMessages):
+            self.reply(request_id, STALE, str(error), epoch=error.current_epoch)
+        elif stored.cancelled() or error is not None:
+            if error is not None:
+                log.error("storing a message failed", exc_info=error)
             self.reply(request_id, UNAVAILABLE, "relay could not store the message; retry")
         else:
             self.reply(request_id, seq=stored.result()[-1].seq)

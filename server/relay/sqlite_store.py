@@ -27,6 +27,7 @@ from .store import (
     Entry,
     EntrySink,
     GroupConflict,
+    StaleMessages,
     WelcomeEntry,
 )
 
@@ -266,7 +267,9 @@ class SqliteLogStore:
         self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
     ) -> asyncio.Future[list[Entry]]:
         def op(conn: sqlite3.Connection) -> tuple[list[Entry], list[Entry], list[WelcomeEntry]]:
-            head, _ = self._channel_row(conn, channel)
+            head, current = self._channel_row(conn, channel)
+            if any(epoch != current for _, epoch in messages):
+                raise StaleMessages(current)
             now = time.time()
             entries = [
                 Entry(channel, head + 1 + i, sender, False, epoch, message, now)

@@ -44,6 +44,19 @@ class CommitRejected(Exception):
         self.current_epoch = current_epoch
 
 
+class StaleMessages(Exception):
+    """Application messages of an epoch the channel has left: a commit was stored first.
+    The members of the new epoch may not be able to read them (a removed sender's never
+    are), so they are refused, and the sender re-encrypts them in the new epoch."""
+
+    def __init__(self, current_epoch: int) -> None:
+        super().__init__(
+            f"messages are for a past epoch; the channel is at epoch {current_epoch}: "
+            "process its commits and send them again"
+        )
+        self.current_epoch = current_epoch
+
+
 class GroupConflict(Exception):
     """The channel's stored group changed since it was loaded (another relay process, or
     a concurrent request, stored a newer state first)."""

@@ -253,23 +253,41 @@ class Channel:
         if not blobs:
             return
         link = self._client.link
-        with self._lock:
-            self._check_open()
-            self._drain_available()  # encrypt in the newest epoch we know of
-            ciphertexts = self._group.encrypt_batch(blobs)
-            # Queued while holding the lock, so frames reach the relay in encryption order;
-            # the acknowledgements are awaited outside it, so other senders pipeline.
-            futures = [
-                link.send_soon(
-                    self._client.timeout, publish=pb.Publish(channel=self.name, message=frame)
-                )
-                for frame in _frames(ciphertexts)
-            ]
-        try:
-            for future in futures:
-                self._client.wait(future)
-        except RelayError as exc:
-            raise relay_error(exc, self.name) from None
+        for _ in range(COMMIT_ATTEMPTS):
+            with self._lock:
+                self._check_open()
+                self._drain_available()  # encrypt in the newest epoch we know of
+                frames = list(_frames(self._group.encrypt_batch(blobs)))
+                # Queued while holding the lock, so frames reach the relay in encryption
+                # order; the acknowledgements are awaited outside it, so other senders
+                # pipeline.
+                futures = [
+                    link.send_soon(
+                        self._client.timeout, publish=pb.Publish(channel=self.name, message=f)
+                    )
+                    for f in frames
+                ]
+            stale: RelayError | None = None
+            stored = 0
+            for frame, future in zip(frames, futures, strict=True):
+                try:
+                    self._client.wait(future)
+                except RelayError as exc:
+                    if exc.code != STALE:
+                        raise relay_error(exc, self.name) from None
+                    stale = stale or exc
+                    continue
+                if stale is None:
+                    stored += len(frame)
+            if stale is None:
+                return
+            # A commit reached the relay first: what was encrypted in the epoch it ended
+            # was refused (the new epoch's members might not read it). Once this agent
+            # has the commit (and is still a member), the rest goes again in the new epoch.
+            blobs = blobs[stored:]
+            with self._lock:
+                self._catch_up(stale.reply.epoch)
+        raise TransportError(f"channel {self.name!r}: sending kept losing to members' commits")
 
     # -- receiving ---------------------------------------------------------------------
 

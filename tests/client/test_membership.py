@@ -11,7 +11,7 @@ import grpc
 import httpx
 import pytest
 
-from svc_sdk import InviteError
+from svc_sdk import ChannelClosedError, InviteError
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.mls import MlsError
 from svc_sdk.relay_client import RelayConnection
@@ -116,3 +116,52 @@ def test_a_member_whose_promotion_is_still_in_flight_adds_at_once(
         assert chan_b.roles()[cb.agent_id] == "admin"
         chan_a.send(b"to carol")
         assert take(chan_c, 1) == [b"to carol"]
+
+
+def behind(channel: Any) -> None:
+    """The next call on ``channel`` acts before reading what arrived: as if a commit
+    reached the relay just after this agent last looked."""
+    real = channel._drain_available
+    calls = [0]
+
+    def drain() -> None:
+        calls[0] += 1
+        if calls[0] > 1:
+            real()
+
+    channel._drain_available = drain
+
+
+def test_a_message_encrypted_before_a_commit_goes_again_in_the_new_epoch(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("alice"), ids("bob"))
+    with ca, cb:
+        epoch = chan_b.epoch
+        chan_a.update_keys()
+        behind(chan_b)
+        chan_b.send(b"encrypted in the old epoch first")
+        assert chan_b.epoch == epoch + 1
+        assert take(chan_a, 1) == [b"encrypted in the old epoch first"]
+        chan_b.send(b"next")
+        assert take(chan_a, 1) == [b"next"], "once, in order"
+
+
+def test_a_removed_members_late_message_is_refused_not_lost_in_the_log(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """Sent by bob just after his removal reached the relay: the relay used to store it
+    behind the commit, where no member can read it (mls-rs refuses a past epoch's message
+    from a leaf that is gone), and bob's send() returned. Now bob learns he is out."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("alice"), ids("bob"))
+    cc = client(stack, ids("carol"))
+    with ca, cb, cc:
+        chan_c = cc.join_channel(channel_name, chan_a.add_member(cc.generate_key_package()))
+        take(chan_b, 0)
+        chan_a.remove_member(cb.agent_id)
+        behind(chan_b)
+        with pytest.raises(ChannelClosedError):
+            chan_b.send(b"after my removal")
+        chan_a.send(b"only this")
+        assert take(chan_c, 1) == [b"only this"]
+        assert chan_c.next_messages(0.5) == []

@@ -25,6 +25,7 @@ from .test_relay import CHANNEL, close, member, pair
 pytestmark = pytest.mark.anyio
 DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -181,3 +182,26 @@ async def test_a_removed_members_account_loses_every_stream_at_once(
     await close(alice, bob)
     await watcher.close()
     await witness.close()
+
+
+async def test_application_messages_of_a_past_epoch_are_refused(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """Messages are stored only in the channel's current epoch: one encrypted before a
+    commit the relay stored first would sit behind it where the new epoch's members may
+    not read it. Refused with the epoch to catch up to; a batch is all or nothing."""
+    alice, bob = await pair(stack, account, tmp_path)
+    assert alice.group and bob.group
+    epoch = bob.group.epoch
+    late = [bob.group.encrypt(b"late 1"), bob.group.encrypt(b"late 2")]
+    await alice.commit(CHANNEL, alice.group.self_update())
+    head = (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
+    reply = await bob.conn.request(check=False, publish=pb.Publish(channel=CHANNEL, message=late))
+    assert reply.code == STALE, reply
+    assert reply.epoch == epoch + 1
+    assert (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    await bob.next()  # the commit
+    await bob.send(CHANNEL, "in the new epoch")
+    await alice.next()
+    assert alice.received == [b"in the new epoch"]
+    await close(alice, bob)
