@@ -149,7 +149,11 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         default=None,
         help="accounts database (default: SVC_DATABASE_URL, else SQLite in the data dir)",
     )
-    p.add_argument("--redis-url", default=None, help="relay log in Redis (SVC_REDIS_URL)")
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="relay log in Redis; redis+cluster://host:port,... for a cluster (SVC_REDIS_URL)",
+    )
     _tls_arguments(p)
     p.set_defaults(func=run_up)
 
@@ -163,7 +167,10 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     )
     p.add_argument("--database-url", default=None, help="channel registry (SVC_DATABASE_URL)")
     p.add_argument(
-        "--redis-url", default=None, help="shared log for several relays (SVC_REDIS_URL)"
+        "--redis-url",
+        default=None,
+        help="shared log for several relays; redis+cluster://host:port,... for a Redis "
+        "Cluster (SVC_REDIS_URL)",
     )
     p.add_argument("--api-url", default=None, help="account API for the JWKS (SVC_API_URL)")
     p.add_argument(

@@ -25,7 +25,11 @@ class Settings(BaseSettings):
     database_url: str = Field(
         "", description="SQLAlchemy URL; empty means SQLite in data_dir (PostgreSQL in production)"
     )
-    redis_url: str = Field("", description="Redis URL for shared rate limits (optional)")
+    redis_url: str = Field(
+        "",
+        description="Relay log shared by relay processes: redis://host:port/db for one "
+        "Redis server, redis+cluster://host:port[,host:port...] for a Redis Cluster",
+    )
     token_ttl_seconds: int = Field(900, ge=5, le=86_400, description="JWT lifetime")
     agent_credential_ttl_seconds: int = Field(
         3 * 86_400, ge=10, le=30 * 86_400, description="Agent credential lifetime"

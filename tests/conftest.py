@@ -11,7 +11,7 @@ import pytest
 from svc_sdk.mls import Engine
 from svc_sdk.testing import LocalIssuer, LocalStack
 
-from .support import PostgresServer, RedisServer, optional_server
+from .support import PostgresServer, RedisCluster, RedisServer, optional_server
 
 # One issuer for the session, as one account API is for a deployment.
 ISSUER = LocalIssuer()
@@ -41,6 +41,14 @@ def member_id(name: str) -> bytes:
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[PostgresServer | None]:
     with optional_server(PostgresServer, "postgresql") as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisCluster | None]:
+    """Three primaries with a replica each; tests that fail a primary over leave the
+    cluster healthy (and the roles swapped) for the next."""
+    with optional_server(RedisCluster, "redis-server") as server:
         yield server
 
 

@@ -242,6 +242,162 @@ class RedisServer:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+class RedisCluster:
+    """A Redis Cluster of three primaries, each with one replica, from the Debian
+    package's redis-server on free loopback ports (cluster bus ports too), no
+    persistence; ``redis-cli --cluster create`` assigns the slots and the replicas."""
+
+    SIZE = 6
+
+    def __init__(self) -> None:
+        binary, cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if binary is None or cli is None:
+            raise FileNotFoundError("no redis-server/redis-cli (apt-get install redis-server)")
+        self.binary, self.cli = binary, cli
+        self.ports = [free_port() for _ in range(self.SIZE)]
+        self.bus_ports = [free_port() for _ in range(self.SIZE)]
+        self.root = Path(tempfile.mkdtemp(prefix="svc-redis-cluster-"))
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def _spawn(self, port: int, bus_port: int) -> None:
+        where = self.root / str(port)
+        where.mkdir(exist_ok=True)
+        self.procs[port] = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(port),
+                "--cluster-port",
+                str(bus_port),
+                "--bind",
+                "127.0.0.1",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(where / "nodes.conf"),
+                "--cluster-node-timeout",
+                "2000",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(where),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def node(self, port: int) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+
+    def start(self) -> None:
+        for port, bus_port in zip(self.ports, self.bus_ports, strict=True):
+            self._spawn(port, bus_port)
+        for port in self.ports:
+            self._wait_listening(port)
+        subprocess.run(
+            [
+                self.cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{port}" for port in self.ports),
+                "--cluster-replicas",
+                "1",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        self.wait_ok()
+
+    def _wait_listening(self, port: int) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {port} did not start")
+
+    def primaries(self) -> list[int]:
+        return [p for p in self.ports if self.node(p).info("replication")["role"] == "master"]
+
+    def wait_ok(self, seconds: float = 30) -> None:
+        """Until every node says cluster_state:ok, there are three primaries, and every
+        replica's link to its primary is up (so a manual failover can start at once)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                states = [self.node(p).cluster("info")["cluster_state"] for p in self.ports]
+                infos = [self.node(p).info("replication") for p in self.ports]
+                primaries = [i for i in infos if i["role"] == "master"]
+                replicas = [i for i in infos if i["role"] == "slave"]
+                if (
+                    all(s == "ok" for s in states)
+                    and len(primaries) == 3
+                    and all(i["connected_slaves"] == 1 for i in primaries)
+                    and all(i["master_link_status"] == "up" for i in replicas)
+                ):
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("the Redis cluster did not become healthy")
+
+    def primary_of(self, key: str) -> int:
+        """The port of the primary serving ``key``'s slot."""
+        slot = self.node(self.ports[0]).cluster("keyslot", key)
+        for port in self.primaries():
+            for line in self.node(port).execute_command("CLUSTER", "NODES").decode().splitlines():
+                fields = line.split()
+                if "myself" not in fields[2]:
+                    continue
+                for part in fields[8:]:
+                    low, _, high = part.partition("-")
+                    if int(low) <= slot <= int(high or low):
+                        return port
+        raise RuntimeError(f"no primary serves slot {slot}")
+
+    def replica_of(self, primary: int) -> int:
+        for port in self.ports:
+            info = self.node(port).info("replication")
+            if info["role"] == "slave" and int(info["master_port"]) == primary:
+                return port
+        raise RuntimeError(f"primary {primary} has no replica")
+
+    def failover(self, primary: int) -> int:
+        """A manual failover (``CLUSTER FAILOVER`` on the replica): the primary stops
+        taking writes, the replica catches up with its replication stream and takes
+        over, so nothing the primary acknowledged is lost. Returns the new primary."""
+        replica = self.replica_of(primary)
+        self.node(replica).execute_command("CLUSTER", "FAILOVER")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.node(replica).info("replication")["role"] == "master":
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"replica {replica} was not promoted")
+        self.wait_ok()
+        return replica
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in self.ports[:3])
+
+    def flush(self) -> None:
+        for port in self.primaries():
+            self.node(port).flushall()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``svc <args>`` as a subprocess of this interpreter."""
     return subprocess.Popen(
@@ -275,7 +431,10 @@ class ScaledOut:
 
 @contextlib.contextmanager
 def scaled_out(
-    tmp_path: Path, postgres: PostgresServer | None, redis_server: RedisServer, name: str
+    tmp_path: Path,
+    postgres: PostgresServer | None,
+    redis_server: RedisServer | RedisCluster,
+    name: str,
 ) -> Iterator[ScaledOut]:
     """Starts the processes (PostgreSQL if this machine has it, else a shared SQLite
     file); the API is healthy on return, the relays are started. Stops them all."""

@@ -1,16 +1,41 @@
-"""The scale-out log: Redis Streams shared by any number of stateless relay processes.
+"""The scale-out log: Redis Streams shared by any number of stateless relay processes,
+on one Redis server or on a Redis Cluster.
 
-Per channel, a stream ``svc:log:{channel}`` whose entry ids are ``<seq>-1`` (a cursor
-maps straight to a stream position), a hash ``svc:meta:{channel}`` with the head
-sequence number, the current epoch and how far retention has trimmed, and a hash
-``svc:group:{channel}`` with the tracked MLS group's state and version. Appends, and the
-epoch check of commits together with storing their Welcomes, are Lua scripts, so they
-are atomic across relay processes. Welcomes are kept per recipient
-(``svc:welcome:{member id hex}``, naming the commit's one stored Welcome) and announced
-on the stream ``svc:welcomes``, once per commit. Each relay
-process follows the channels its own streams subscribe to, and the Welcome stream, with
-one blocking XREAD, and fans out locally. (A single Redis server, not Redis Cluster: the
-commit script touches keys of more than one slot.)
+Every key of one channel carries the channel as its hash tag, ``svc:{<channel>}:…``, so
+they all live in one hash slot and each Lua script touches one slot only (the rule
+Redis Cluster enforces; a single server does not care). Per channel:
+
+- ``svc:{ch}:log``, a stream whose entry ids are ``<seq>-1`` (a cursor maps straight
+  to a stream position);
+- ``svc:{ch}:meta``, a hash with the head sequence number, the current epoch and how
+  far retention has trimmed;
+- ``svc:{ch}:group``, a hash with the tracked MLS group's state and version;
+- ``svc:{ch}:welcome:{seq}``, a hash with the Welcome of the commit at ``seq`` (``w``),
+  the epoch it joins (``e``) and its joiners' member ids in hex (``r``), kept for the
+  retention period;
+- ``svc:{ch}:unindexed``, a sorted set of the commits (seq, scored by time) whose
+  joiners' Welcome index below is not yet known to be written.
+
+Appends, and the epoch and group-version check of commits together with storing their
+Welcome, are Lua scripts over these keys, so they are atomic across relay processes.
+
+Joiners look their Welcomes up by identity, in ``svc:welcome:<member id hex>`` (a hash
+naming each pending Welcome's key), and relays learn of new Welcomes from the stream
+``svc:welcomes``. Those keys live in other slots, so the commit script cannot write
+them: the relay writes them right after the script (idempotently), then removes the
+commit from ``svc:{ch}:unindexed``. Should it die in between, any relay finishes the
+job: on start and on every retention pass it re-indexes what has been unindexed for
+longer than ``REINDEX_AFTER`` seconds. A commit that was acknowledged never loses its
+Welcome; at worst an agent gets it on its next connect, or twice.
+
+Fan-out between relays: on a single server each relay process follows its watched
+channels' logs, the Welcome stream and its own wake stream with one blocking XREAD. On
+a cluster one XREAD cannot span slots, so the scripts also PUBLISH the new seq on the
+channel's Pub/Sub channel ``svc:{ch}:new`` (classic Pub/Sub, which a cluster delivers
+on every node); a relay subscribes to its watched channels' and reads their logs from
+its cursors with XRANGE when notified, after (re)subscribing, and every
+``SWEEP_SECONDS`` in case a notification was lost. The Welcome stream, one key, is
+followed with its own XREAD.
 """
 
 from __future__ import annotations
@@ -19,12 +44,15 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from .store import (
     MAX_PENDING_WELCOMES,
@@ -45,55 +73,63 @@ WELCOME_STREAM = "svc:welcomes"
 # time out whenever nothing arrives, and reconnect, with an error logged, every 5 s).
 FOLLOW_BLOCK_MS = 5000
 FOLLOW_SOCKET_TIMEOUT = FOLLOW_BLOCK_MS / 1000 + 10
+# A commit whose joiners' Welcome index is still unconfirmed after this long is
+# re-indexed by whichever relay looks (on start, and on every retention pass).
+REINDEX_AFTER = 30.0
+# On a cluster, how often a relay reads every watched channel's log whether notified or
+# not (a Pub/Sub notification is lost when the subscriber's connection breaks), and
+# how long it waits for notifications before looking at newly watched channels.
+SWEEP_SECONDS = 2.0
+NOTIFY_POLL_SECONDS = 0.05
+# ``redis+cluster://[user:password@]host:port[,host:port...]`` (``rediss+cluster`` for
+# TLS): the seed nodes of a Redis Cluster; the rest are discovered.
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 # KEYS: meta, log. ARGV: sender, stored_at, check ("1": refuse messages of an epoch
-# other than the channel's), then epoch and message of each message. All or nothing:
-# returns {first seq, epoch}, or {-1, epoch} when refused.
+# other than the channel's), notification channel ('' on a single server, where the
+# followers read the logs directly), then epoch and message of each message. All or
+# nothing: returns {first seq, epoch}, or {-1, epoch} when refused.
 APPEND = """
 local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
 if ARGV[3] == '1' then
-  for i = 4, #ARGV, 2 do
+  for i = 5, #ARGV, 2 do
     if tonumber(ARGV[i]) ~= current then return {-1, current} end
   end
 end
-local count = math.floor((#ARGV - 3) / 2)
+local count = math.floor((#ARGV - 4) / 2)
 local first = redis.call('HINCRBY', KEYS[1], 'head', count) - count + 1
-for i = 4, #ARGV, 2 do
-  local seq = first + math.floor((i - 4) / 2)
+for i = 5, #ARGV, 2 do
+  local seq = first + math.floor((i - 5) / 2)
   redis.call('XADD', KEYS[2], seq .. '-1',
     's', ARGV[1], 'h', '0', 'e', ARGV[i], 'm', ARGV[i + 1], 't', ARGV[2])
 end
+if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], first + count - 1) end
 return {first, current}
 """
 
-# KEYS: meta, log, welcome stream, group. ARGV: sender, epoch, commit, stored_at, channel,
-# welcome, retention seconds, group version, group state, joiner member ids (hex)... The
-# commit is stored only while the epoch and the tracked group's version are the ones it
-# was validated against, with the group state it leads to. The Welcome is stored once
-# (svc:welcome-blob:{channel}:{seq}); each joiner's hash names it, and one announcement
-# per commit lists the joiners.
+# KEYS: meta, log, group, unindexed. ARGV: sender, epoch, commit, stored_at,
+# notification channel, welcome, retention seconds, group version, group state, the
+# channel's Welcome key prefix, joiner member ids (hex, comma-separated; '' for none).
+# The commit is stored only while the epoch and the tracked group's version are the
+# ones it was validated against, with the group state it leads to. Its Welcome, with
+# the joiners, is stored once, in the channel's slot (svc:{channel}:welcome:{seq}); the
+# joiners' index lives in other slots and is written by the relay after this script.
 COMMIT = """
 local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
-local version = tonumber(redis.call('HGET', KEYS[4], 'v') or '0')
+local version = tonumber(redis.call('HGET', KEYS[3], 'v') or '0')
 if current ~= tonumber(ARGV[2]) or version ~= tonumber(ARGV[8]) then return {-1, current} end
 local seq = redis.call('HINCRBY', KEYS[1], 'head', 1)
 redis.call('HSET', KEYS[1], 'epoch', current + 1)
-redis.call('HSET', KEYS[4], 'v', version + 1, 's', ARGV[9])
+redis.call('HSET', KEYS[3], 'v', version + 1, 's', ARGV[9])
 redis.call('XADD', KEYS[2], seq .. '-1',
   's', ARGV[1], 'h', '1', 'e', ARGV[2], 'm', ARGV[3], 't', ARGV[4])
-if #ARGV >= 10 then
-  local blob = 'svc:welcome-blob:' .. ARGV[5] .. ':' .. seq
-  redis.call('SET', blob, ARGV[6], 'EX', ARGV[7])
-  local joiners = {}
-  for i = 10, #ARGV do
-    local key = 'svc:welcome:' .. ARGV[i]
-    redis.call('HSET', key, ARGV[5] .. '\\n' .. seq .. '\\n' .. (current + 1), blob)
-    redis.call('EXPIRE', key, ARGV[7])
-    joiners[#joiners + 1] = ARGV[i]
-  end
-  redis.call('XADD', KEYS[3], '*', 'c', ARGV[5], 'r', table.concat(joiners, ','),
-    'q', seq, 'e', current + 1, 'b', blob)
+if ARGV[11] ~= '' then
+  local welcome = ARGV[10] .. seq
+  redis.call('HSET', welcome, 'w', ARGV[6], 'e', current + 1, 'r', ARGV[11])
+  redis.call('EXPIRE', welcome, ARGV[7])
+  redis.call('ZADD', KEYS[4], ARGV[4], seq)
 end
+if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], seq) end
 return {seq, current + 1}
 """
 
@@ -113,16 +149,101 @@ return 1
 """
 
 
+def _key(channel: str, kind: str) -> str:
+    """A key of ``channel``'s: the channel is the hash tag, so all of them share one
+    slot. (Channel names never contain braces; see svc_sdk.names.)"""
+    return f"svc:{{{channel}}}:{kind}"
+
+
+def _channel_of(key: bytes | str, kind: str) -> str:
+    name = key.decode() if isinstance(key, bytes) else key
+    return name[len("svc:{") : -len(f"}}:{kind}")]
+
+
 def _log(channel: str) -> str:
-    return f"svc:log:{channel}"
+    return _key(channel, "log")
 
 
 def _meta(channel: str) -> str:
-    return f"svc:meta:{channel}"
+    return _key(channel, "meta")
 
 
 def _group(channel: str) -> str:
-    return f"svc:group:{channel}"
+    return _key(channel, "group")
+
+
+def _unindexed(channel: str) -> str:
+    return _key(channel, "unindexed")
+
+
+def _notify(channel: str) -> str:
+    """The Pub/Sub channel announcing ``channel``'s new entries on a cluster."""
+    return _key(channel, "new")
+
+
+def _welcome(channel: str, seq: int) -> str:
+    return _key(channel, f"welcome:{seq}")
+
+
+def _inbox(recipient_hex: str) -> str:
+    """A joiner's Welcome index: field ``channel\nseq\nepoch``, value the Welcome key."""
+    return f"svc:welcome:{recipient_hex}"
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.partition("://")[0] in CLUSTER_SCHEMES
+
+
+class _BoundedCluster(RedisCluster):
+    """A RedisCluster client that waits for a connection instead of failing: redis-py's
+    cluster client raises MaxConnectionsError once a node's pool is used up (its
+    single-server client can block, and the relay uses that). At most ``COMMANDS``
+    commands and ``PIPELINES`` pipelines run at once, each holding at most one
+    connection per node, within the pools' ``max_connections`` per node."""
+
+    COMMANDS = 64
+    PIPELINES = 16
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("max_connections", self.COMMANDS + self.PIPELINES + 4)
+        super().__init__(*args, **kwargs)
+        self._commands = asyncio.Semaphore(self.COMMANDS)
+        self._pipelines = asyncio.Semaphore(self.PIPELINES)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        async with self._commands:
+            return await super().execute_command(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        execute = pipe.execute
+
+        async def bounded(*args: Any, **kwargs: Any) -> Any:
+            async with self._pipelines:
+                return await execute(*args, **kwargs)
+
+        pipe.execute = bounded  # type: ignore[method-assign]
+        return pipe
+
+
+def cluster_client(url: str, **kwargs: Any) -> RedisCluster:
+    """A RedisCluster client for ``redis+cluster://[user:pass@]host:port[,host:port…]``."""
+    parts = urlsplit(url)
+    seeds = []
+    for address in parts.netloc.rpartition("@")[2].split(","):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"{url!r}: expected host:port[,host:port...] after the scheme")
+        seeds.append(ClusterNode(host.strip("[]"), int(port)))
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError(f"{url!r}: Redis Cluster has only database 0")
+    return _BoundedCluster(
+        startup_nodes=seeds,
+        username=unquote(parts.username) if parts.username else None,
+        password=unquote(parts.password) if parts.password else None,
+        ssl=parts.scheme.startswith("rediss"),
+        **kwargs,
+    )
 
 
 def _entry(channel: str, stream_id: bytes, fields: dict[bytes, bytes]) -> Entry:
@@ -167,13 +288,15 @@ class RedisLogStore:
     def __init__(self, url: str, retention_seconds: int = 7 * 86_400) -> None:
         self._url = url
         self._retention = retention_seconds
+        self._cluster = is_cluster_url(url)
         # redis-py types replies as unions of bytes and str; ours are always bytes.
         self._redis: Any = None
         self._follow_conn: Any = None
         self._sink: EntrySink = lambda entries, welcomes: None
         self._watched: dict[str, bytes] = {}  # channel -> last stream id handed to the sink
         self._wake_key = f"svc:wake:{os.getpid()}:{id(self)}"
-        self._follower: asyncio.Task[None] | None = None
+        self._watch_changed = asyncio.Event()
+        self._followers: list[asyncio.Task[None]] = []
         self._append: Any = None
         self._commit: Any = None
         self._create_group: Any = None
@@ -189,11 +312,21 @@ class RedisLogStore:
         assert self._redis is not None, "store not started"
         return self._redis
 
+    @property
+    def _follower(self) -> asyncio.Task[None] | None:
+        return self._followers[0] if self._followers else None
+
     async def start(self) -> None:
-        # A blocking pool: a burst of requests waits for a connection instead of failing.
-        pool = aioredis.BlockingConnectionPool.from_url(self._url, max_connections=64, timeout=10)
-        self._redis = aioredis.Redis(connection_pool=pool)
-        self._follow_conn = aioredis.from_url(self._url, socket_timeout=FOLLOW_SOCKET_TIMEOUT)
+        if self._cluster:
+            self._redis = cluster_client(self._url)
+            self._follow_conn = cluster_client(self._url, socket_timeout=FOLLOW_SOCKET_TIMEOUT)
+        else:
+            # A blocking pool: a burst of requests waits for a connection, not fails.
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self._url, max_connections=64, timeout=10
+            )
+            self._redis = aioredis.Redis(connection_pool=pool)
+            self._follow_conn = aioredis.from_url(self._url, socket_timeout=FOLLOW_SOCKET_TIMEOUT)
         await self._redis.ping()
         self._append = self._redis.register_script(APPEND)
         self._commit = self._redis.register_script(COMMIT)
@@ -201,14 +334,21 @@ class RedisLogStore:
         self._save_group = self._redis.register_script(SAVE_GROUP)
         last = await self._redis.xrevrange(WELCOME_STREAM, count=1)
         self._welcomes_from = last[0][0] if last else b"0-0"
-        self._follower = asyncio.create_task(self._follow())
+        await self._reindex(time.time() - REINDEX_AFTER)
+        if self._cluster:
+            self._followers = [
+                asyncio.create_task(self._follow_notified()),
+                asyncio.create_task(self._follow_welcomes()),
+            ]
+        else:
+            self._followers = [asyncio.create_task(self._follow())]
         self._appender = asyncio.create_task(self._append_in_order())
 
     async def close(self) -> None:
-        for task in (self._follower, self._appender):
+        for task in (*self._followers, self._appender):
             if task is not None:
                 await _stop(task)
-        if self._redis is not None:
+        if self._redis is not None and not self._cluster:
             with contextlib.suppress(Exception):
                 await self._redis.delete(self._wake_key)
         for conn in (self._redis, self._follow_conn):
@@ -241,9 +381,13 @@ class RedisLogStore:
         self._appends.put_nowait(_Append(channel, sender, list(messages), check, future))
         return future
 
+    def _notification(self, channel: str) -> str:
+        return _notify(channel) if self._cluster else ""
+
     async def _append_in_order(self) -> None:
         """Runs queued appends in call order, many per round trip: one pipeline of
-        script calls on one connection keeps their order and amortises the latency."""
+        script calls on one connection (per cluster node) keeps their order and
+        amortises the latency."""
         while True:
             batch = [await self._appends.get()]
             while len(batch) < 256 and not self._appends.empty():
@@ -252,12 +396,21 @@ class RedisLogStore:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for a in batch:
-                        args: list[Any] = [a.sender, repr(now), "1" if a.check else "0"]
+                        keys = [_meta(a.channel), _log(a.channel)]
+                        args: list[Any] = [
+                            a.sender,
+                            repr(now),
+                            "1" if a.check else "0",
+                            self._notification(a.channel),
+                        ]
                         for message, epoch in a.messages:
                             args += [epoch, message]
-                        await self._append(
-                            keys=[_meta(a.channel), _log(a.channel)], args=args, client=pipe
-                        )
+                        if self._cluster:
+                            # EVAL, not EVALSHA: a cluster pipeline does not load scripts
+                            # first, and a promoted replica has none cached.
+                            pipe.eval(APPEND, len(keys), *keys, *args)
+                        else:
+                            await self._append(keys=keys, args=args, client=pipe)
                     results = await pipe.execute()
             except Exception as exc:
                 for a in batch:
@@ -290,14 +443,65 @@ class RedisLogStore:
         now = time.time()
         recipients = [j.hex() for j in joiners] if welcome else []
         version, state = group
-        args = [sender, epoch, commit, repr(now), channel, welcome, self._retention]
         seq, current = await self._commit(
-            keys=[_meta(channel), _log(channel), WELCOME_STREAM, _group(channel)],
-            args=[*args, version, state, *recipients],
+            keys=[_meta(channel), _log(channel), _group(channel), _unindexed(channel)],
+            args=[
+                sender,
+                epoch,
+                commit,
+                repr(now),
+                self._notification(channel),
+                welcome,
+                self._retention,
+                version,
+                state,
+                _key(channel, "welcome:"),
+                ",".join(recipients),
+            ],
         )
         if int(seq) < 0:
             raise CommitRejected(int(current))
+        if recipients:
+            try:
+                await self._index(channel, int(seq), int(current), recipients)
+            except Exception:
+                # The commit and its Welcome are stored: a later pass indexes it.
+                log.exception(
+                    "indexing the Welcome of %s seq %s failed; redone later", channel, seq
+                )
         return Entry(channel, int(seq), sender, True, epoch, commit, now)
+
+    async def _index(self, channel: str, seq: int, epoch: int, recipients: list[str]) -> None:
+        """Writes the joiners' index entries for the Welcome of ``channel``'s commit at
+        ``seq`` and announces it, then marks it indexed. Idempotent."""
+        welcome = _welcome(channel, seq)
+        field = f"{channel}\n{seq}\n{epoch}"
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for recipient in recipients:
+                pipe.hset(_inbox(recipient), field, welcome)
+                pipe.expire(_inbox(recipient), self._retention)
+            pipe.xadd(
+                WELCOME_STREAM,
+                {"c": channel, "r": ",".join(recipients), "q": seq, "e": epoch, "b": welcome},
+            )
+            await pipe.execute()
+        await self.redis.zrem(_unindexed(channel), seq)
+
+    async def _reindex(self, before: float) -> int:
+        """Indexes the Welcomes of commits stored before ``before`` whose relay did not
+        get to it (it died between the commit and the index). Returns how many."""
+        done = 0
+        async for key in self.redis.scan_iter(match="svc:{*}:unindexed", count=500):
+            channel = _channel_of(key, "unindexed")
+            for seq in await self.redis.zrangebyscore(key, "-inf", before):
+                epoch, recipients = await self.redis.hmget(_welcome(channel, int(seq)), "e", "r")
+                if epoch is None or recipients is None:  # expired with retention
+                    await self.redis.zrem(key, seq)
+                    continue
+                log.warning("indexing the Welcome of %s seq %s left over", channel, int(seq))
+                await self._index(channel, int(seq), int(epoch), recipients.decode().split(","))
+                done += 1
+        return done
 
     async def create_group(self, channel: str, state: bytes) -> bool:
         return bool(await self._create_group(keys=[_group(channel)], args=[state]))
@@ -322,14 +526,23 @@ class RedisLogStore:
             raise CursorExpired(int(trimmed))
         return [_entry(channel, stream_id, fields) for stream_id, fields in rows]
 
+    async def _welcome_blobs(self, keys: Iterable[bytes | str]) -> list[bytes | None]:
+        """The Welcomes stored under ``keys`` (None where retention removed one); the
+        keys are in several slots, so one HGET each, pipelined."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.hget(key, "w")
+            blobs: list[bytes | None] = await pipe.execute()
+            return blobs
+
     async def welcomes(self, recipient: bytes) -> list[WelcomeEntry]:
-        stored = await self.redis.hgetall(f"svc:welcome:{recipient.hex()}")
+        stored = await self.redis.hgetall(_inbox(recipient.hex()))
         pending = []
-        for field, blob in stored.items():
+        for field, key in stored.items():
             channel, seq, epoch = field.decode().split("\n")
-            pending.append((int(seq), channel, int(epoch), blob))
+            pending.append((int(seq), channel, int(epoch), key))
         pending = sorted(pending)[-MAX_PENDING_WELCOMES:]
-        blobs = await self.redis.mget([p[3] for p in pending]) if pending else []
+        blobs = await self._welcome_blobs(p[3] for p in pending) if pending else []
         return [
             WelcomeEntry(channel, recipient, seq, epoch, welcome)
             for (seq, channel, epoch, _), welcome in zip(pending, blobs, strict=True)
@@ -338,8 +551,9 @@ class RedisLogStore:
 
     async def trim(self, older_than: float) -> int:
         removed = 0
-        async for key in self.redis.scan_iter(match="svc:meta:*", count=500):
-            channel = key.decode()[len("svc:meta:") :]
+        # On a cluster, scan_iter walks every primary.
+        async for key in self.redis.scan_iter(match="svc:{*}:meta", count=500):
+            channel = _channel_of(key, "meta")
             last_old = 0
             start = "-"
             while True:
@@ -355,12 +569,13 @@ class RedisLogStore:
                 current = int(await self.redis.hget(key, "trimmed") or 0)
                 await self.redis.hset(key, "trimmed", max(current, last_old))
         await self.redis.xtrim(WELCOME_STREAM, minid=f"{int(older_than * 1000)}-0")
+        await self._reindex(time.time() - REINDEX_AFTER)
         return removed
 
     async def _announced(self, rows: list[Any]) -> list[WelcomeEntry]:
         """The Welcomes a batch of announcements names, one entry per joiner."""
         try:
-            blobs = await self.redis.mget([f[b"b"] for _, f in rows])
+            blobs = await self._welcome_blobs(f[b"b"] for _, f in rows)
         except Exception:
             log.exception("loading announced Welcomes failed; joiners get them on connect")
             return []
@@ -371,7 +586,7 @@ class RedisLogStore:
             for r in f[b"r"].decode().split(",")
         ]
 
-    # -- following: one XREAD over every watched channel and the Welcome stream --------
+    # -- following -----------------------------------------------------------------------
 
     def watch(self, channel: str, after_seq: int) -> None:
         if channel not in self._watched:
@@ -382,11 +597,15 @@ class RedisLogStore:
         self._watched.pop(channel, None)
 
     def _wake(self) -> None:
-        if self._redis is not None:
+        if self._cluster:
+            self._watch_changed.set()
+        elif self._redis is not None:
             task = asyncio.ensure_future(self._redis.xadd(self._wake_key, {"w": "1"}, maxlen=1))
             task.add_done_callback(lambda t: t.exception())
 
     async def _follow(self) -> None:
+        """On one server: one XREAD over every watched channel, the Welcome stream and
+        this process's wake stream (written to when a channel is newly watched)."""
         assert self._follow_conn is not None
         wake_from = b"$"
         while True:
@@ -411,8 +630,105 @@ class RedisLogStore:
                     self._welcomes_from = rows[-1][0]
                     self._sink([], await self._announced(rows))
                 else:
-                    channel = name[len("svc:log:") :]
+                    channel = _channel_of(name, "log")
                     if channel not in self._watched:
                         continue
                     self._watched[channel] = rows[-1][0]
                     self._sink([_entry(channel, sid, f) for sid, f in rows], [])
+
+    async def _follow_welcomes(self) -> None:
+        """On a cluster: the Welcome stream, one key, with its own blocking XREAD."""
+        while True:
+            try:
+                result = await self._follow_conn.xread(
+                    {WELCOME_STREAM: self._welcomes_from}, block=FOLLOW_BLOCK_MS, count=1024
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("following the Redis Welcome stream failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            for _, rows in result or ():
+                self._welcomes_from = rows[-1][0]
+                self._sink([], await self._announced(rows))
+
+    async def _catch_up(self, channels: Iterable[str]) -> None:
+        """Hands the sink what each watched channel's log holds past its cursor."""
+        due = [ch for ch in channels if ch in self._watched]
+        while due:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for ch in due:
+                    pipe.xrange(_log(ch), min=b"(" + self._watched[ch], count=1024)
+                results = await pipe.execute()
+            more = []
+            for ch, rows in zip(due, results, strict=True):
+                if not rows or ch not in self._watched:
+                    continue
+                self._watched[ch] = rows[-1][0]
+                self._sink([_entry(ch, sid, f) for sid, f in rows], [])
+                if len(rows) == 1024:
+                    more.append(ch)
+            due = more
+
+    async def _follow_notified(self) -> None:
+        """On a cluster: subscribes to the watched channels' notifications (on any one
+        node; classic Pub/Sub reaches every node) and reads a channel's log when
+        notified, after subscribing, and every SWEEP_SECONDS regardless."""
+        pubsub: Any = None
+        subscribed: set[str] = set()
+        due: set[str] = set()
+        swept = time.monotonic()
+        while True:
+            try:
+                if pubsub is None:
+                    # Any node: classic Pub/Sub reaches all of them. Random spreads load.
+                    node = random.choice(self.redis.get_nodes())  # noqa: S311
+                    pubsub = self.redis.pubsub(node=node)
+                    subscribed, due = set(), set(self._watched)
+                self._watch_changed.clear()
+                wanted = set(self._watched)
+                if wanted - subscribed:
+                    await pubsub.subscribe(*(_notify(ch) for ch in wanted - subscribed))
+                    due |= wanted - subscribed  # what came before the subscription
+                if subscribed - wanted:
+                    await pubsub.unsubscribe(*(_notify(ch) for ch in subscribed - wanted))
+                subscribed = wanted
+                if time.monotonic() - swept >= SWEEP_SECONDS:
+                    due, swept = due | wanted, time.monotonic()
+                if due:
+                    await self._catch_up(due)
+                    due = set()
+                if not subscribed:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._watch_changed.wait(), SWEEP_SECONDS)
+                    continue
+                # Reads as soon as one notification names an entry not yet read, so
+                # entries are handed on in batches about as small as they are stored (a
+                # subscriber's buffer may hold only a few); notifications of entries an
+                # earlier read already got are passed over without a round trip.
+                while (
+                    not due
+                    and not self._watch_changed.is_set()
+                    and time.monotonic() - swept < SWEEP_SECONDS
+                ):
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=NOTIFY_POLL_SECONDS
+                    )
+                    if message is None:
+                        break
+                    if message["type"] != "message":
+                        continue
+                    channel = _channel_of(message["channel"], "new")
+                    cursor = self._watched.get(channel)
+                    if cursor is not None and int(message["data"]) > int(cursor.split(b"-")[0]):
+                        due.add(channel)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("following Redis Cluster channels failed; retrying")
+                if pubsub is not None:
+                    with contextlib.suppress(Exception):
+                        await pubsub.aclose()
+                pubsub = None
+                await asyncio.sleep(0.5)

@@ -15,7 +15,7 @@ from svc_sdk.relay_client import RelayConnection
 from svc_server.config import Settings
 from svc_server.stack import Stack, start_stack, stop_stack
 
-from ..support import RedisServer
+from ..support import RedisCluster, RedisServer
 
 
 @pytest.fixture
@@ -23,10 +23,11 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def backend(request: pytest.FixtureRequest) -> str:
-    if request.param == "redis":
-        server: RedisServer | None = request.getfixturevalue("redis_server")
+    if request.param in ("redis", "redis-cluster"):
+        fixture = "redis_server" if request.param == "redis" else "redis_cluster"
+        server: RedisServer | RedisCluster | None = request.getfixturevalue(fixture)
         if server is None:
             pytest.skip("no redis-server on this machine")
         server.flush()

@@ -17,6 +17,7 @@ from svc_sdk.relay_client import RelayConnection
 
 from ..support import (
     PostgresServer,
+    RedisCluster,
     RedisServer,
     free_port,
     scaled_out,
@@ -136,9 +137,15 @@ async def test_relay_killed_and_restarted_loses_nothing(
         stop(proc)
 
 
+@pytest.mark.parametrize("redis_kind", ["redis_server", "redis_cluster"])
 async def test_two_relays_share_one_channel_through_redis(
-    tmp_path: Path, postgres: PostgresServer | None, redis_server: RedisServer | None
+    tmp_path: Path,
+    postgres: PostgresServer | None,
+    redis_kind: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    """On one Redis server, and on a Redis Cluster (three primaries, one replica each)."""
+    redis_server: RedisServer | RedisCluster | None = request.getfixturevalue(redis_kind)
     if redis_server is None:
         pytest.skip("no redis-server on this machine")
     with scaled_out(tmp_path, postgres, redis_server, "relay") as cluster:
@@ -207,6 +214,85 @@ async def test_two_relays_share_one_channel_through_redis(
         alice.group.apply_pending_commit()
         await bob.next()
         assert reply.epoch == alice.group.epoch == bob.group.epoch
+        await alice.conn.close()
+        await bob.conn.close()
+
+
+async def test_a_redis_primary_failover_loses_nothing_acknowledged(
+    tmp_path: Path, postgres: PostgresServer | None, redis_cluster: RedisCluster | None
+) -> None:
+    """Agents on two relays keep sending while the Redis Cluster primary that holds the
+    channel hands over to its replica (CLUSTER FAILOVER: the primary stops writes, the
+    replica catches up and takes over). Every message whose send was acknowledged is
+    delivered exactly once, in order; commits go on against the promoted replica."""
+    if redis_cluster is None:
+        pytest.skip("no redis-server on this machine")
+    with scaled_out(tmp_path, postgres, redis_cluster, "failover") as cluster:
+        api_url, (a_port, b_port), relays = cluster.api_url, cluster.relay_ports, cluster.relays
+        for port, proc in zip((a_port, b_port), relays, strict=True):
+            await wait_grpc(f"127.0.0.1:{port}", proc)
+        key, token = signup(api_url, "failover@example.com")
+        api = (api_url, key)
+        alice = Member(
+            "alice",
+            engine(tmp_path, "alice", api),
+            RelayConnection(f"127.0.0.1:{a_port}", token, b"alice"),
+        )
+        bob = Member(
+            "bob",
+            engine(tmp_path, "bob", api),
+            RelayConnection(f"127.0.0.1:{b_port}", token, b"bob"),
+        )
+        await alice.conn.open()
+        await bob.conn.open()
+        await alice.create(CHANNEL)
+        await alice.add(CHANNEL, bob)
+        await bob.join(CHANNEL)
+        primary = redis_cluster.primary_of("svc:{" + CHANNEL + "}:log")
+        sent: dict[str, list[str]] = {"alice": [], "bob": []}
+        acked: dict[str, list[str]] = {"alice": [], "bob": []}
+
+        async def keep_sending(member: Member, count: int) -> None:
+            for i in range(count):
+                text = f"{member.name}{i}"
+                sent[member.name].append(text)
+                try:
+                    await member.send(CHANNEL, text)
+                except Exception:
+                    continue  # not acknowledged: may or may not be delivered
+                acked[member.name].append(text)
+                await asyncio.sleep(0.005)
+
+        senders = asyncio.gather(keep_sending(alice, 200), keep_sending(bob, 200))
+        await asyncio.sleep(0.3)
+        promoted = await asyncio.to_thread(redis_cluster.failover, primary)
+        await senders
+        assert redis_cluster.primary_of("svc:{" + CHANNEL + "}:log") == promoted != primary
+        for receiver, sender in ((alice, bob), (bob, alice)):
+            seqs = []
+            while True:
+                try:
+                    seqs.append((await receiver.next(timeout=3)).seq)
+                except TimeoutError:
+                    break
+            got = [m.decode() for m in receiver.received]
+            assert len(got) == len(set(got)), f"{receiver.name} got duplicates"
+            assert set(acked[sender.name]) <= set(got), f"{receiver.name} lost acknowledged"
+            assert got == [t for t in sent[sender.name] if t in got], "out of order"
+            assert seqs == sorted(seqs)
+        assert len(acked["alice"]) > 150 and len(acked["bob"]) > 150
+        # Commits and messages go on through both relays against the promoted replica.
+        assert alice.group and bob.group
+        update = bob.group.self_update()
+        await bob.conn.request(
+            commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
+        )
+        bob.group.apply_pending_commit()
+        await alice.next()
+        assert alice.group.epoch == bob.group.epoch
+        await alice.send(CHANNEL, "after the failover")
+        await bob.next()
+        assert bob.received[-1] == b"after the failover"
         await alice.conn.close()
         await bob.conn.close()
 

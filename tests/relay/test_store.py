@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from svc_server.relay import redis_store
+from svc_server.relay.redis_store import RedisLogStore
 from svc_server.relay.sqlite_store import INLINE_MAX_BYTES, SqliteLogStore
-from svc_server.relay.store import MAX_PENDING_WELCOMES, LogStore
+from svc_server.relay.store import MAX_PENDING_WELCOMES, CursorExpired, Entry, LogStore
 
 pytestmark = pytest.mark.anyio
 
@@ -33,13 +36,9 @@ async def test_a_cancelled_caller_does_not_kill_the_writer(tmp_path: Path) -> No
 
 @pytest.fixture
 async def store(tmp_path: Path, backend: str) -> AsyncIterator[LogStore]:
-    made: LogStore
-    if backend:
-        from svc_server.relay.redis_store import RedisLogStore
-
-        made = RedisLogStore(backend, 3600)
-    else:
-        made = SqliteLogStore(tmp_path / "relay.sqlite3")
+    made: LogStore = (
+        RedisLogStore(backend, 3600) if backend else SqliteLogStore(tmp_path / "relay.sqlite3")
+    )
     await made.start()
     try:
         yield made
@@ -71,12 +70,10 @@ async def test_a_welcome_for_many_joiners_is_stored_once(store: LogStore, backen
     await _commit(store, 0, welcome, joiners, b"commit")
     assert [w.welcome for w in await store.welcomes(joiners[-1])] == [welcome]
     if backend:
-        import redis.asyncio as aioredis
-
-        client = aioredis.from_url(backend)
-        blobs = [k async for k in client.scan_iter(match="svc:welcome-blob:*")]
-        sizes = [await client.strlen(k) for k in blobs]
-        await client.aclose()
+        assert isinstance(store, RedisLogStore)
+        client = store.redis
+        blobs = [k async for k in client.scan_iter(match="svc:{a/b/c}:welcome:*")]
+        sizes = [await client.hstrlen(k, "w") for k in blobs]
         assert sizes == [len(welcome)], "one copy of the Welcome, whatever the joiners"
     else:
         assert isinstance(store, SqliteLogStore)
@@ -85,6 +82,111 @@ async def test_a_welcome_for_many_joiners_is_stored_once(store: LogStore, backen
         (recipients,) = conn.execute("SELECT count(*) FROM welcome_recipients").fetchone()
         conn.close()
         assert (copies, recipients) == (1, len(joiners))
+
+
+async def test_one_channel_s_keys_share_one_slot(store: LogStore, backend: str) -> None:
+    """The condition for Redis Cluster: every script touches one slot, so every key of a
+    channel must hash to the same slot (the channel is the hash tag)."""
+    if not backend:
+        pytest.skip("a Redis key layout")
+    from redis.crc import key_slot
+
+    assert isinstance(store, RedisLogStore)
+    joiner = b"\x03" * 16 + b"j"
+    for channel in ("a/b/c", "x/y/z"):
+        await store.create_group(channel, b"group-0")
+        await store.append(channel, b"s", b"m", 0)
+        await store.commit(channel, b"c", 0, b"commit", b"welcome", [joiner], (1, b"group-1"))
+        await store.read(channel, 0, 10)
+    keys = [k async for k in store.redis.scan_iter(match="svc:*")]
+    for channel in ("a/b/c", "x/y/z"):
+        mine = [k for k in keys if channel.encode() in k and not k.startswith(b"svc:welcome:")]
+        assert len(mine) == 4, mine  # log, meta, group, welcome (unindexed: emptied)
+        assert len({key_slot(k) for k in mine}) == 1, mine
+    assert [w.welcome for w in await store.welcomes(joiner)] == [b"welcome", b"welcome"]
+
+
+async def test_an_acknowledged_welcome_is_indexed_by_a_later_relay(
+    store: LogStore, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The joiners' index is written after the commit script (it lives in other slots).
+    A relay that dies in between loses nothing: another relay indexes it on start."""
+    if not backend:
+        pytest.skip("SQLite stores the commit and its index in one transaction")
+    assert isinstance(store, RedisLogStore)
+    joiner = b"\x04" * 16 + b"j"
+
+    async def dies(*args: Any) -> None:
+        raise ConnectionError("the relay died here")
+
+    monkeypatch.setattr(store, "_index", dies)
+    await _commit(store, 0, b"the welcome", [joiner])  # acknowledged
+    assert await store.welcomes(joiner) == []
+    monkeypatch.setattr(redis_store, "REINDEX_AFTER", 0.0)
+    later = RedisLogStore(backend, 3600)
+    seen: list[Any] = []
+    later.set_sink(lambda entries, welcomes: seen.extend(welcomes))
+    await later.start()
+    try:
+        assert [w.welcome for w in await later.welcomes(joiner)] == [b"the welcome"]
+        for _ in range(100):  # and it is announced to connected joiners
+            if seen:
+                break
+            await asyncio.sleep(0.05)
+        assert [(w.recipient, w.welcome) for w in seen] == [(joiner, b"the welcome")]
+        assert await later._reindex(time.time() + 1) == 0, "indexed once"
+    finally:
+        await later.close()
+
+
+async def test_a_second_store_follows_entries_and_welcomes(store: LogStore, backend: str) -> None:
+    """What a second relay process sees: appends and commits of several channels (on a
+    cluster, in slots of different primaries) and the Welcomes, in order, once."""
+    if not backend:
+        pytest.skip("one SQLite store per relay process")
+    other = RedisLogStore(backend, 3600)
+    entries: list[Entry] = []
+    welcomes: list[Any] = []
+
+    def sink(new: Any, announced: Any) -> None:
+        entries.extend(new)
+        welcomes.extend(announced)
+
+    other.set_sink(sink)
+    await other.start()
+    channels = [f"a/b/c{i}" for i in range(6)]
+    joiner = b"\x05" * 16 + b"j"
+    try:
+        for channel in channels:
+            await store.create_group(channel, b"group-0")
+            await store.append(channel, b"s", b"before", 0)
+            other.watch(channel, 1)
+        await asyncio.sleep(0.2)
+        for channel in channels:
+            await store.append_many(channel, b"s", [(b"m1", 0), (b"m2", 0)])
+            await store.commit(channel, b"c", 0, b"commit", b"w", [joiner], (1, b"group-1"))
+            await store.append(channel, b"s", b"m3", 1)
+        for _ in range(200):
+            if len(entries) >= 4 * len(channels) and len(welcomes) >= len(channels):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # nothing more arrives
+        for channel in channels:
+            got = [(e.seq, e.message) for e in entries if e.channel == channel]
+            assert got == [(2, b"m1"), (3, b"m2"), (4, b"commit"), (5, b"m3")], channel
+        assert sorted(w.channel for w in welcomes) == channels
+    finally:
+        await other.close()
+
+
+async def test_trim_covers_every_channel(store: LogStore) -> None:
+    channels = [f"t/r/im{i}" for i in range(8)]  # on a cluster, on every primary
+    for channel in channels:
+        await store.append(channel, b"s", b"old", 0)
+    assert await store.trim(time.time() + 1) == len(channels)
+    for channel in channels:
+        with pytest.raises(CursorExpired):
+            await store.read(channel, 0, 10)
 
 
 async def test_an_agent_gets_only_its_newest_pending_welcomes(store: LogStore) -> None:
@@ -146,8 +248,6 @@ async def test_close_ends_a_follower_that_swallowed_its_cancellation(
 ) -> None:
     if redis_server is None:
         pytest.skip("no redis-server on this machine")
-    from svc_server.relay.redis_store import RedisLogStore
-
     store = RedisLogStore(redis_server.url, 3600)
     await store.start()
     real, store._follow_conn = store._follow_conn, _SwallowsOneCancel()
@@ -171,8 +271,6 @@ async def test_an_idle_follower_neither_times_out_nor_reconnects(
 ) -> None:
     if redis_server is None:
         pytest.skip("no redis-server on this machine")
-    from svc_server.relay.redis_store import FOLLOW_BLOCK_MS, RedisLogStore
-
     store = RedisLogStore(redis_server.url, 3600)
     seen: list[int] = []
     store.set_sink(lambda entries, welcomes: seen.extend(e.seq for e in entries))
@@ -180,7 +278,7 @@ async def test_an_idle_follower_neither_times_out_nor_reconnects(
     try:
         store.watch("a/b/idle", 0)
         # Past one whole XREAD block with nothing to read.
-        await asyncio.sleep(FOLLOW_BLOCK_MS / 1000 + 1.5)
+        await asyncio.sleep(redis_store.FOLLOW_BLOCK_MS / 1000 + 1.5)
         assert "following Redis streams failed" not in caplog.text
         await store.append("a/b/idle", b"s", b"m", 0)
         for _ in range(100):
