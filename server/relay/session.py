@@ -48,6 +48,8 @@ MAX_PUBLISH_BATCH = 1024
 ACCESS_TTL = 2.0
 # Members one commit may add (each key package is verified before the commit is stored).
 MAX_JOINERS = 1000
+# The highest sequence number a store can hold (SQLite's and PostgreSQL's signed 64 bits).
+MAX_SEQ = 2**63 - 1
 
 
 class RequestError(Exception):
@@ -368,6 +370,8 @@ class StreamSession:
 
     async def _on_subscribe(self, request_id: int, req: pb.Subscribe) -> None:
         await self._check_channel(req.channel)
+        if req.after_seq > MAX_SEQ:  # the stores keep signed 64-bit sequence numbers
+            raise RequestError(INVALID, f"after_seq is above {MAX_SEQ}, past any message")
         old = self.subscriptions.pop(req.channel, None)
         if old is not None:
             self._drop(old)
