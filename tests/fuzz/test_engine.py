@@ -193,7 +193,7 @@ def test_application_messages(world: World) -> None:
 # A commit ends with its confirmation tag and membership tag (RFC 9420 §6.1-6.2), each
 # a 1-byte length and 32 bytes: MACs under the epoch's secrets, which the relay — not a
 # member — cannot check. A commit changed only there passes the tracker (the members
-# refuse it). Known; see docs/security.md, "Fuzzing".
+# refuse it). Known and documented: docs/security.md, "Membership authority".
 TAGS = 66
 
 
