@@ -198,6 +198,14 @@ def test_raw_is_not_translated() -> None:
         ),
         # Infinity in peer metadata, into A2A (was SerializeToJsonError).
         Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"x": float("inf")}),
+        # Carried fields of the wrong shape (were AttributeError and TypeError); found by
+        # a SVC_FUZZ_RANDOM=1 run of tests/fuzz/test_envelopes.py.
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"a2a": [None]}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"a2a": {"messageId": 5}}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"a2a": {"metadata": [1]}}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"a2a": {"extensions": [None]}}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"mcp": [None]}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"mcp": {"id": [], "method": 5}}),
     ],
 )
 def test_hostile_payloads_are_a_value_error(envelope: Envelope) -> None:

@@ -539,4 +539,9 @@ def translate(envelope: Envelope, target: Protocol) -> Envelope:
     """``envelope`` rewritten for ``target``; ValueError if it is malformed."""
     if envelope.protocol not in READERS or target not in WRITERS:
         raise ValueError(f"no translation from {envelope.protocol.name} to {target.name}")
-    return WRITERS[target](READERS[envelope.protocol](envelope))
+    try:
+        return WRITERS[target](READERS[envelope.protocol](envelope))
+    except (TypeError, AttributeError, KeyError) as exc:
+        # A peer's fields of the wrong shape (a list where the A2A fields go, a number
+        # as a message id) deep in a reader or writer: malformed input all the same.
+        raise ValueError(f"cannot translate this {envelope.protocol.name} message: {exc}") from None
