@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from svc_sdk import Channel, InternalError, SvcClient, SvcError  # noqa: E402
+from svc_sdk._argtypes import whole_number  # noqa: E402
 from tests.support import (  # noqa: E402
     PostgresServer,
     RedisServer,
@@ -269,8 +270,8 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10)
-    parser.add_argument("--agents", type=int, default=50)
-    parser.add_argument("--channels", type=int, default=5)
+    parser.add_argument("--agents", type=whole_number(4), default=50)
+    parser.add_argument("--channels", type=whole_number(1), default=5)
     parser.add_argument("--rate", type=float, default=1.0, help="messages/s per agent")
     parser.add_argument("--churn", type=float, default=30, help="seconds between churns")
     parser.add_argument("--kill-every", type=float, default=60)

@@ -111,6 +111,16 @@ pub fn expect_kind(msg: &MlsMessage, want: WireFormat, expected: &'static str) -
 /// Decodes exactly one message: trailing bytes are an error, so one byte string can never
 /// be read as two different messages.
 pub fn parse(bytes: &[u8], what: &'static str) -> Result<MlsMessage> {
+    // The MLSMessage's version (its first two bytes) is not signed, and mls-rs reads a
+    // key package under any version: only MLS 1.0 (0x0001) is a message of ours.
+    if let Some(&[hi, lo]) = bytes.get(..2) {
+        if [hi, lo] != [0, 1] {
+            return Err(EngineError::Malformed {
+                what,
+                detail: format!("unsupported protocol version 0x{hi:02x}{lo:02x}, not MLS 1.0"),
+            });
+        }
+    }
     let mut rest = bytes;
     let msg = MlsMessage::mls_decode(&mut rest).map_err(|e| EngineError::Malformed {
         what,

@@ -48,6 +48,9 @@ MAX_PUBLISH_BATCH = 1024
 ACCESS_TTL = 2.0
 # Members one commit may add (each key package is verified before the commit is stored).
 MAX_JOINERS = 1000
+# The highest sequence number or epoch a store can hold (SQLite's and PostgreSQL's signed
+# 64 bits).
+MAX_SEQ = 2**63 - 1
 
 
 class RequestError(Exception):
@@ -181,6 +184,8 @@ class StreamSession:
         group_message = info.wire_format in ("private_message", "public_message")
         if group_message and info.group_id != channel.encode():
             raise RequestError(INVALID, f"{what} belongs to another group than {channel!r}")
+        if info.epoch is not None and info.epoch > MAX_SEQ:  # stored as a signed 64-bit
+            raise RequestError(INVALID, f"{what} is for epoch {info.epoch}, past any epoch")
         return info.wire_format, info.content_type, info.epoch
 
     async def _on_create(self, request_id: int, req: pb.CreateChannel) -> None:
@@ -371,6 +376,8 @@ class StreamSession:
 
     async def _on_subscribe(self, request_id: int, req: pb.Subscribe) -> None:
         await self._check_channel(req.channel)
+        if req.after_seq > MAX_SEQ:  # the stores keep signed 64-bit sequence numbers
+            raise RequestError(INVALID, f"after_seq is above {MAX_SEQ}, past any message")
         old = self.subscriptions.pop(req.channel, None)
         if old is not None:
             self._drop(old)

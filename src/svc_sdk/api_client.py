@@ -27,6 +27,7 @@ from svc_sdk.audit import (
 from svc_sdk.errors import (
     AccessError,
     AuthError,
+    ChannelClosedError,
     InternalError,
     InviteError,
     InviteReason,
@@ -48,9 +49,12 @@ class ApiClient:
             raise AuthError("the API key contains characters no key has; check how it was pasted")
         self.api_url = api_url.rstrip("/")
         self._key = api_key
-        self._http = httpx.Client(
-            base_url=self.api_url, timeout=timeout, verify=credentials.tls_verify()
-        )
+        try:
+            self._http = httpx.Client(
+                base_url=self.api_url, timeout=timeout, verify=credentials.tls_verify()
+            )
+        except httpx.InvalidURL as exc:
+            raise TransportError(f"account API address {api_url!r} is not a URL: {exc}") from None
         self._lock = threading.Lock()
         self._token: str | None = None
         self._issued = 0.0
@@ -72,6 +76,10 @@ class ApiClient:
             )
         except httpx.HTTPError as exc:
             raise TransportError(f"account API {self.api_url} unreachable: {exc}") from None
+        except RuntimeError:  # httpx's own, unprefixed, once the client was closed
+            if not self._http.is_closed:
+                raise
+            raise ChannelClosedError("the client is closed") from None
         if response.status_code == 401:
             raise AuthError(f"API key rejected by {self.api_url}: {_detail(response)}")
         if response.status_code == 403:  # a valid key asking for another account's agent

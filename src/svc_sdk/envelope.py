@@ -81,7 +81,7 @@ class Envelope:
             raise ValueError(f"envelope header length {length} runs past the end of the data")
         try:
             header = json.loads(data[_LENGTH.size : _LENGTH.size + length])
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (ValueError, RecursionError) as exc:  # RecursionError: nesting too deep
             raise ValueError(f"envelope header is not JSON: {exc}") from None
         if not isinstance(header, dict):
             raise ValueError("envelope header is not a JSON object")

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from svc_sdk.errors import InternalError
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS channels (
     name TEXT PRIMARY KEY,
@@ -43,10 +45,19 @@ class LocalState:
         # was checked (ours, private) when the engine took data_dir.
         with contextlib.suppress(FileExistsError):
             os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600))
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        db = None
+        try:
+            db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+        except sqlite3.Error as exc:  # not a database file (overwritten, a folder…)
+            if db is not None:
+                db.close()
+            raise InternalError(
+                f"cannot use data_dir {path.parent}: {path.name} is not a usable database ({exc})"
+            ) from None
+        self._db = db
         self._lock = threading.Lock()
 
     def close(self) -> None:

@@ -42,6 +42,13 @@ def test_slim(stack: LocalStack, channel_name: str, ids: Callable[[str], str]) -
     slim.publish(channel_name, b"still fine")  # nothing above broke the channel
 
 
+def _nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def test_a2a_adapter(stack: LocalStack, ids: Callable[[str], str]) -> None:
     manager = stack.manager(ids("a2a"))
     with pytest.raises(ValueError, match="agent_id"):
@@ -54,6 +61,15 @@ def test_a2a_adapter(stack: LocalStack, ids: Callable[[str], str]) -> None:
     adapter.create_context("ctx-roles")
     with pytest.raises(ValueError, match="role must be 'user' or 'agent'"):
         adapter.send_message("ctx-roles", [{"type": "text", "text": "x"}], role="boss")
+    # Was AttributeError from protobuf's Struct.update (tests/client/test_error_contract.py).
+    with pytest.raises(TypeError, match="metadata must be a dict or None, not list"):
+        adapter.send_message("ctx-roles", [{"type": "text", "text": "x"}], metadata=[1])  # type: ignore[arg-type]
+    # Data protobuf cannot carry: NaN and infinity (refused as not JSON) and nesting past
+    # its limit of 100 (was protobuf's ParseError; tests/fuzz/test_envelopes.py found it).
+    for data in (float("nan"), float("inf"), _nested(150)):
+        with pytest.raises(ValueError, match="A2A message|must be JSON"):
+            adapter.send_message("ctx-roles", [{"type": "data", "data": {"x": data}}])
+    adapter.send_message("ctx-roles", [{"type": "text", "text": "still works"}])
     with pytest.raises(ValueError, match="invalid channel name"):
         with_svc_extension(AgentCard(name="a"), adapter, channel="not/a")
 

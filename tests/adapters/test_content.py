@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 from typing import Any
 
@@ -180,3 +181,36 @@ def test_kind_is_accepted_as_type() -> None:
 def test_raw_is_not_translated() -> None:
     with pytest.raises(ValueError, match="no translation from RAW"):
         translate(Envelope(Protocol.RAW, "text/plain", b"x"), Protocol.SLIM)
+
+
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        # JSON nested past the decoder's recursion limit (was RecursionError).
+        Envelope(Protocol.SLIM, content.JSON_TYPE, b"[" * 5000 + b"]" * 5000),
+        Envelope(Protocol.SLIM, content.PARTS_TYPE, b"[" * 5000 + b"]" * 5000),
+        Envelope(Protocol.MCP, content.MCP_TYPE, b"[" * 5000 + b"]" * 5000),
+        # Data nested past protobuf's limit of 100, into A2A (was ParseError).
+        Envelope(
+            Protocol.SLIM,
+            content.PARTS_TYPE,
+            b'[{"type":"data","data":' + b"[" * 150 + b"]" * 150 + b"}]",
+        ),
+        # Infinity in peer metadata, into A2A (was SerializeToJsonError).
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"x": float("inf")}),
+        # Carried fields of the wrong shape (were AttributeError and TypeError); found by
+        # a SVC_FUZZ_RANDOM=1 run of tests/fuzz/test_envelopes.py.
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"a2a": [None]}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"a2a": {"messageId": 5}}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"a2a": {"metadata": [1]}}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"a2a": {"extensions": [None]}}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"mcp": [None]}),
+        Envelope(Protocol.SLIM, content.TEXT_TYPE, b"hi", {"mcp": {"id": [], "method": 5}}),
+    ],
+)
+def test_hostile_payloads_are_a_value_error(envelope: Envelope) -> None:
+    """translate's contract is ValueError for what it cannot read or carry; these escaped
+    as other exceptions (tests/fuzz/test_envelopes.py found them)."""
+    for target in content.WRITERS:
+        with contextlib.suppress(ValueError):
+            translate(envelope, target)

@@ -38,6 +38,9 @@ def test_constructor_arguments(stack: LocalStack, tmp_path: Path) -> None:
             SvcClient(endpoint, tmp_path / "a", b"a", **auth)
     with pytest.raises(TypeError, match="endpoint must be a str"):
         SvcClient(None, tmp_path / "a", b"a", **auth)  # type: ignore[arg-type]
+    # An API address httpx cannot parse (was httpx.InvalidURL, outside the contract).
+    with pytest.raises(TransportError, match="^transport error: account API address .* not a URL"):
+        SvcClient(stack.relay_url, tmp_path / "a", b"a", stack.api_key, "http://[::1")
     for key in ("sk_live_REPLACE…", "sk_live_a\nb", "sk_live_\x00"):
         with pytest.raises(AuthError, match="^auth error: the API key contains characters"):
             SvcClient(stack.relay_url, tmp_path / "a", b"a", key, stack.api_url)
@@ -89,6 +92,17 @@ def test_channel_calls(stack: LocalStack, channel_name: str, ids: Any) -> None:
         assert take(chan_b, 1) == [b"still works"]
     with pytest.raises(ChannelClosedError, match="^runtime error: the client is closed"):
         chan_a.send(b"after close")
+    # The calls that go to the account API, too (they raised httpx's bare RuntimeError
+    # "Cannot send a request, as the client has been closed"; tests/client/
+    # test_error_contract.py found it).
+    for call in (
+        lambda: ca.invite(channel_name),
+        ca.account_channels,
+        lambda: ca.channel_members(channel_name),
+        lambda: ca.channel_events(channel_name),
+    ):
+        with pytest.raises(ChannelClosedError, match="^runtime error: the client is closed"):
+            call()
     assert list(chan_b.messages()) == []  # a closed channel's iterator ends
 
 

@@ -177,3 +177,28 @@ def test_new_files_are_private_from_the_start(
     assert data_dir.stat().st_mode & 0o777 == 0o700
     for path in data_dir.iterdir():
         assert path.stat().st_mode & 0o077 == 0, path
+
+
+@pytest.mark.parametrize("damage", ["garbage", "folder"])
+def test_a_corrupt_client_database_is_a_runtime_error(
+    stack: LocalStack, ids: Callable[[str], str], tmp_path: Path, damage: str
+) -> None:
+    """client.sqlite3 overwritten with garbage, or replaced by a folder: the client says
+    which file it cannot use (it raised sqlite3.DatabaseError or OperationalError, outside
+    the error contract; tests/client/test_error_contract.py found it)."""
+    data_dir, identity = tmp_path / "agent", ids("alice")
+    _client(stack, data_dir, identity).close()
+    inbox = data_dir / "client.sqlite3"
+    for stale in data_dir.glob("client.sqlite3-*"):
+        stale.unlink()
+    if damage == "folder":
+        inbox.unlink()
+        inbox.mkdir(mode=0o700)
+    else:
+        inbox.write_bytes(os.urandom(4096))
+    with pytest.raises(InternalError, match="client.sqlite3 is not a usable database") as err:
+        _client(stack, data_dir, identity)
+    assert str(err.value).startswith(f"runtime error: cannot use data_dir {data_dir}: ")
+    # The folder is free again (the engine's lock was released): a fixed file works.
+    shutil.rmtree(inbox) if damage == "folder" else inbox.unlink()
+    _client(stack, data_dir, identity).close()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from svc_sdk.errors import InternalError
-from svc_sdk.mls import Engine, Group, MlsError
+from svc_sdk.mls import Engine, Group, MlsError, inspect
 
 from ..conftest import ISSUER
 from .helpers import make_group
@@ -257,3 +257,25 @@ def test_credential_entry_points_refuse_bad_input(make_engine: Callable[..., Eng
     after = engine.credential
     assert after is not None and after.signature_key == before.signature_key
     assert (after.not_before, after.not_after) == (before.not_before, before.not_after)
+
+
+@pytest.mark.parametrize("version", [0x0000, 0x0002, 0x0101, 0xFFFF])
+def test_only_mls_1_0_messages_are_read(make_engine: MakeEngine, version: int) -> None:
+    """The MLSMessage wrapper's protocol version is not signed. A key package under any
+    version but MLS 1.0 (0x0001) was accepted by add_members and inspect (found by
+    tests/fuzz/test_engine.py), while every other kind was refused, late; now every kind
+    is refused as it is decoded."""
+    alice, bob = make_group(make_engine("alice"), make_engine("bob"))
+    carol = make_engine("carol")
+    key_package = carol.generate_key_package()
+    relabel = version.to_bytes(2, "big")
+    for message in (key_package, alice.encrypt(b"x")):
+        with pytest.raises(MlsError, match=PREFIX + "malformed .*protocol version"):
+            inspect(relabel + message[2:])
+    with pytest.raises(MlsError, match=PREFIX + "malformed key package: .*protocol version"):
+        alice.add_members([relabel + key_package[2:]])
+    assert not alice.has_pending_commit
+    with pytest.raises(MlsError, match=PREFIX + "malformed .*protocol version"):
+        bob.process(relabel + alice.encrypt(b"x")[2:])
+    assert_unchanged(alice, bob, alice.epoch)
+    alice.add_members([key_package])  # the genuine one still works

@@ -192,7 +192,18 @@ async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_p
             {"commit": pb.Commit(channel=CHANNEL, epoch=1, commit=alice.group.encrypt(b"x"))},
             "takes an MLS commit",
         ),
+        # A cursor past SQLite's signed 64 bits raised OverflowError in the store: the
+        # relay answered UNAVAILABLE ("retry") and kept the half-made subscription.
+        # Found by tests/fuzz/test_relay_frames.py.
+        ({"subscribe": pb.Subscribe(channel=CHANNEL, after_seq=2**63)}, "after_seq"),
+        ({"subscribe": pb.Subscribe(channel=CHANNEL, after_seq=2**64 - 1)}, "after_seq"),
     ]
+    # An application message whose (unencrypted, unauthenticated to the relay) epoch is
+    # past 2^63-1 failed in the store the same way ("could not store the message; retry").
+    message = bytearray(alice.group.encrypt(b"x"))
+    at = 4 + 1 + len(CHANNEL)  # MLSMessage header, then the group id, then the epoch
+    message[at : at + 8] = b"\xff" * 8
+    cases.append(({"publish": pb.Publish(channel=CHANNEL, message=[bytes(message)])}, "epoch"))
     alice.group.clear_pending_commit()
     other = engine(tmp_path, "zed").create_group(b"other/group/id")
     cases.append(

@@ -90,7 +90,7 @@ class SvcA2AClientTransport(ClientTransport):
                 frame = json.loads(envelope.payload)
                 rid = frame.get("id") if isinstance(frame, dict) else None
                 queue = self._waiting.get(rid) if isinstance(rid, str) else None
-            except (UnicodeDecodeError, json.JSONDecodeError):
+            except (ValueError, RecursionError):  # not JSON, or nested too deeply
                 queue = None
             if queue is None:
                 log.debug("%s: seq %d is no answer to a request of ours", self.channel, message.seq)
@@ -376,7 +376,7 @@ class SvcA2AServer:
     async def _answer_one(self, channel: str, sender: AgentId, payload: bytes) -> None:
         try:
             frame = json.loads(payload)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):  # not JSON, or nested too deeply
             await _send(self.manager, channel, _error_frame(None, a2a_errors.JSONParseError()))
             return
         if not isinstance(frame, dict) or "method" not in frame:

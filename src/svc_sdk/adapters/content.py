@@ -134,13 +134,18 @@ def _ints(value: Any) -> Any:
 
 
 def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except RecursionError:  # nesting that decoded, one call deeper, does not encode
+        raise ValueError("the JSON value is nested too deeply") from None
 
 
-def _loads(payload: bytes, what: str) -> Any:
+def _loads(payload: bytes | str, what: str) -> Any:
+    # A peer's bytes: besides malformed JSON (ValueError), nesting deeper than the
+    # decoder's recursion limit is a RecursionError; both are "not valid JSON".
     try:
         return json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:
         raise ValueError(f"{what} is not valid JSON: {exc}") from None
 
 
@@ -160,17 +165,23 @@ def a2a_message(
 ) -> A2AMessage:
     """A real ``a2a.types.Message`` from parts in dict form."""
     types = require("a2a.types", "a2a", "A2A messages")
+    json_format = require("google.protobuf.json_format", "a2a", "A2A messages")
     if role not in _ROLES:
         raise ValueError(f"role must be 'user' or 'agent', not {role!r}")
-    message = types.Message(
-        message_id=message_id or str(uuid.uuid4()),
-        context_id=context_id,
-        task_id=task_id,
-        role=_ROLES[role],
-        parts=[_to_a2a_part(part) for part in normalize_parts(parts)],
-    )
-    if metadata:
-        message.metadata.update(metadata)
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict or None, not {type(metadata).__name__}")
+    try:
+        message = types.Message(
+            message_id=message_id or str(uuid.uuid4()),
+            context_id=context_id,
+            task_id=task_id,
+            role=_ROLES[role],
+            parts=[_to_a2a_part(part) for part in normalize_parts(parts)],
+        )
+        if metadata:
+            message.metadata.update(metadata)
+    except (json_format.ParseError, RecursionError) as exc:  # data nested past protobuf's 100
+        raise ValueError(f"cannot carry this in an A2A message: {exc}") from None
     return cast("A2AMessage", message)
 
 
@@ -222,7 +233,10 @@ def _from_a2a_part(part: A2APart) -> Part:
 
 def encode_a2a(message: A2AMessage) -> bytes:
     json_format = require("google.protobuf.json_format", "a2a", "A2A messages")
-    return _dumps(json_format.MessageToDict(message))
+    try:
+        return _dumps(json_format.MessageToDict(message))
+    except json_format.SerializeToJsonError as exc:  # NaN or infinity in a data part
+        raise ValueError(f"cannot encode the A2A message: {exc}") from None
 
 
 def decode_a2a(payload: bytes) -> A2AMessage:
@@ -331,7 +345,7 @@ def _slim_parts(content_type: str, payload: bytes, name: object) -> list[Part]:
     elif _is_json_type(ct):
         try:
             return [{"type": "data", "data": json.loads(payload)}]
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (ValueError, RecursionError):
             pass  # not JSON after all: carried as a file
     file: dict[str, Any] = {"bytes": base64.b64encode(payload).decode(), "mimeType": ct or OCTETS}
     if isinstance(name, str):
@@ -440,7 +454,7 @@ def _from_block(block: Any) -> Part | None:
         res = block["resource"]
         uri = str(res.get("uri", ""))
         if uri.startswith("svc:data/") and isinstance(res.get("text"), str):
-            part = {"type": "data", "data": json.loads(res["text"])}
+            part = {"type": "data", "data": _loads(res["text"], "an MCP data resource")}
         elif isinstance(res.get("blob"), str):
             file = {"bytes": res["blob"], "mimeType": res.get("mimeType", OCTETS)}
             if isinstance(meta.get("svc/name"), str):
@@ -525,4 +539,9 @@ def translate(envelope: Envelope, target: Protocol) -> Envelope:
     """``envelope`` rewritten for ``target``; ValueError if it is malformed."""
     if envelope.protocol not in READERS or target not in WRITERS:
         raise ValueError(f"no translation from {envelope.protocol.name} to {target.name}")
-    return WRITERS[target](READERS[envelope.protocol](envelope))
+    try:
+        return WRITERS[target](READERS[envelope.protocol](envelope))
+    except (TypeError, AttributeError, KeyError) as exc:
+        # A peer's fields of the wrong shape (a list where the A2A fields go, a number
+        # as a message id) deep in a reader or writer: malformed input all the same.
+        raise ValueError(f"cannot translate this {envelope.protocol.name} message: {exc}") from None
