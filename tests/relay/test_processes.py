@@ -19,6 +19,7 @@ from ..support import (
     PostgresServer,
     RedisCluster,
     RedisServer,
+    ScaledOut,
     free_port,
     scaled_out,
     start,
@@ -137,6 +138,27 @@ async def test_relay_killed_and_restarted_loses_nothing(
         stop(proc)
 
 
+async def one_on_each_relay(
+    cluster: ScaledOut, tmp_path: Path, email: str
+) -> tuple[Member, Member, str]:
+    """alice on relay A creates the channel and adds bob, on relay B: his Welcome
+    crosses from one relay to the other. Also the account's relay token."""
+    for port, proc in zip(cluster.relay_ports, cluster.relays, strict=True):
+        await wait_grpc(f"127.0.0.1:{port}", proc)
+    key, token = signup(cluster.api_url, email)
+    api = (cluster.api_url, key)
+    members = []
+    for name, port in zip(("alice", "bob"), cluster.relay_ports, strict=True):
+        conn = RelayConnection(f"127.0.0.1:{port}", token, name.encode())
+        members.append(Member(name, engine(tmp_path, name, api), conn))
+        await conn.open()
+    alice, bob = members
+    await alice.create(CHANNEL)
+    await alice.add(CHANNEL, bob)
+    await bob.join(CHANNEL)
+    return alice, bob, token
+
+
 @pytest.mark.parametrize("redis_kind", ["redis_server", "redis_cluster"])
 async def test_two_relays_share_one_channel_through_redis(
     tmp_path: Path,
@@ -149,26 +171,8 @@ async def test_two_relays_share_one_channel_through_redis(
     if redis_server is None:
         pytest.skip("no redis-server on this machine")
     with scaled_out(tmp_path, postgres, redis_server, "relay") as cluster:
-        api_url, (a_port, b_port), relays = cluster.api_url, cluster.relay_ports, cluster.relays
-        for port, proc in zip((a_port, b_port), relays, strict=True):
-            await wait_grpc(f"127.0.0.1:{port}", proc)
-        key, token = signup(api_url, "scale@example.com")
-        api = (api_url, key)
-        alice = Member(
-            "alice",
-            engine(tmp_path, "alice", api),
-            RelayConnection(f"127.0.0.1:{a_port}", token, b"alice"),
-        )
-        bob = Member(
-            "bob",
-            engine(tmp_path, "bob", api),
-            RelayConnection(f"127.0.0.1:{b_port}", token, b"bob"),
-        )
-        await alice.conn.open()
-        await bob.conn.open()
-        await alice.create(CHANNEL)
-        await alice.add(CHANNEL, bob)
-        await bob.join(CHANNEL)  # the Welcome crossed from relay A to relay B
+        (_, b_port), relays = cluster.relay_ports, cluster.relays
+        alice, bob, token = await one_on_each_relay(cluster, tmp_path, "scale@example.com")
         for i in range(20):
             await alice.send(CHANNEL, f"a{i}")
         for i in range(5):
@@ -228,26 +232,7 @@ async def test_a_redis_primary_failover_loses_nothing_acknowledged(
     if redis_cluster is None:
         pytest.skip("no redis-server on this machine")
     with scaled_out(tmp_path, postgres, redis_cluster, "failover") as cluster:
-        api_url, (a_port, b_port), relays = cluster.api_url, cluster.relay_ports, cluster.relays
-        for port, proc in zip((a_port, b_port), relays, strict=True):
-            await wait_grpc(f"127.0.0.1:{port}", proc)
-        key, token = signup(api_url, "failover@example.com")
-        api = (api_url, key)
-        alice = Member(
-            "alice",
-            engine(tmp_path, "alice", api),
-            RelayConnection(f"127.0.0.1:{a_port}", token, b"alice"),
-        )
-        bob = Member(
-            "bob",
-            engine(tmp_path, "bob", api),
-            RelayConnection(f"127.0.0.1:{b_port}", token, b"bob"),
-        )
-        await alice.conn.open()
-        await bob.conn.open()
-        await alice.create(CHANNEL)
-        await alice.add(CHANNEL, bob)
-        await bob.join(CHANNEL)
+        alice, bob, _ = await one_on_each_relay(cluster, tmp_path, "failover@example.com")
         primary = redis_cluster.primary_of("svc:{" + CHANNEL + "}:log")
         sent: dict[str, list[str]] = {"alice": [], "bob": []}
         acked: dict[str, list[str]] = {"alice": [], "bob": []}
