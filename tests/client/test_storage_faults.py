@@ -1,35 +1,51 @@
 """A local write that fails on the receiving agent (disk full, I/O error) loses nothing:
 the reading call says so, and the same messages arrive once storage works again.
 
-Faults are injected at the two write sites of the receive path — the inbox write
-(LocalState.advance) and the engine's state write (Group.save) — failing chosen calls."""
+Faults are injected at the write sites — the receiver's inbox write (LocalState.advance)
+and engine state write (Group.save), the sender's engine state write (inside
+encrypt_batch, before a ciphertext leaves) — failing chosen calls, or calls hypothesis
+chooses."""
 
 from __future__ import annotations
 
 import sqlite3
 import time
+import uuid
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from svc_sdk import Channel, InternalError
 from svc_sdk.testing import LocalStack
 
 from .helpers import pair
 
+FULL = "storage failure: database or disk is full (injected)"
+
 
 class FailingGroup:
-    """The channel's engine group, with chosen calls of ``save`` failing as a full disk
-    makes them fail."""
+    """The channel's engine group, with chosen calls of ``save`` (the receiver's state
+    write) and ``encrypt_batch`` (the sender's, which writes before a ciphertext leaves)
+    failing as a full disk makes them fail."""
 
-    def __init__(self, inner: Any, fail: set[int]) -> None:
+    def __init__(self, inner: Any, fail: set[int], encrypt_fails: frozenset[int] = frozenset()):
         self._inner, self._fail, self.calls = inner, fail, 0
+        self._encrypt_fails, self.encrypts = encrypt_fails, 0
 
     def save(self) -> None:
         self.calls += 1
         if self.calls in self._fail:
-            raise InternalError("storage failure: database or disk is full (injected)")
+            raise InternalError(FULL)
         self._inner.save()
+
+    def encrypt_batch(self, payloads: list[bytes]) -> list[bytes]:
+        self.encrypts += 1
+        if self.encrypts in self._encrypt_fails:
+            raise InternalError(FULL)
+        result: list[bytes] = self._inner.encrypt_batch(payloads)
+        return result
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -90,3 +106,49 @@ def test_failed_writes_on_the_receiving_side_lose_nothing(
         # Nothing left behind: a later message arrives, and only it.
         chan_a.send(b"after")
         assert read_all(chan_b, 1)[0] == [b"after"]
+
+
+faults = st.frozensets(st.integers(1, 12), max_size=4)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(inbox_fails=faults, save_fails=faults, send_fails=faults)
+def test_any_failed_write_on_either_side_loses_and_repeats_nothing(
+    stack: LocalStack,
+    ids: Any,
+    inbox_fails: frozenset[int],
+    save_fails: frozenset[int],
+    send_fails: frozenset[int],
+) -> None:
+    """Hypothesis picks which writes fail: the receiver's inbox writes and state writes,
+    the sender's state writes. A send whose write failed raises and sends nothing; every
+    send that returned arrives exactly once, in order, once storage works again."""
+    tag = uuid.uuid4().hex[:8]
+    ca, chan_a, cb, chan_b = pair(stack, f"acme/faults/c{tag}", ids(f"a{tag}"), ids(f"b{tag}"))
+    with ca, cb:
+        failing_inbox(cb, set(inbox_fails))
+        chan_b._group = FailingGroup(chan_b._group, set(save_fails))  # type: ignore[assignment]
+        chan_a._group = FailingGroup(chan_a._group, set(), send_fails)  # type: ignore[assignment]
+        sent: list[bytes] = []
+        for i in range(12):
+            message = f"m{i}".encode()
+            try:
+                chan_a.send(message)
+                sent.append(message)
+            except InternalError as exc:
+                assert str(exc).startswith("runtime error: ") and "disk is full" in str(exc)
+            if i % 3 == 2:
+                time.sleep(0.1)
+                try:
+                    chan_b.members()  # processes what arrived
+                except InternalError as exc:
+                    assert "nothing is lost" in str(exc)
+        assert len(sent) == 12 - len(send_fails)
+        got, _ = read_all(chan_b, len(sent))
+        assert got == sent, "every sent message exactly once, in order; no unsent one"
+        assert chan_b.next_messages(0.3) == []
