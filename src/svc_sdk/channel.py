@@ -149,6 +149,7 @@ class Channel:
         # Sequence numbers read but not yet deleted from the inbox (see _mark_consumed).
         self._unflushed: list[int] = []
         self._flushed_at = time.monotonic()
+        self._flush_error: InternalError | None = None  # the last record of reads failed
         self._join_requests: list[tuple[bytes, bytes]] = []
         self._proposals = False
         self._in_commit = False
@@ -435,9 +436,22 @@ class Channel:
             extra = [seq for seq in self._unflushed if seq > through]
         else:
             through, extra = 0, []
-        self._unflushed = []
+        unflushed, self._unflushed = self._unflushed, []
         self._flushed_at = time.monotonic()
-        self._client.state.consumed(self.name, through, extra, cursor)
+        try:
+            self._client.state.consumed(self.name, through, extra, cursor)
+        except (sqlite3.Error, OSError) as exc:
+            # Only the record of what was read failed (disk full, I/O error); the
+            # messages were handed over. Kept to record again on the next flush: a crash
+            # meanwhile hands them out a second time, never loses one.
+            self._unflushed = unflushed + self._unflushed
+            self._flush_error = InternalError(
+                f"channel {self.name!r}: could not record which messages were read ({exc}); "
+                "retried on the next read"
+            )
+            log.warning("%s", self._flush_error)
+            return
+        self._flush_error = None
         self._saved_cursor = cursor
 
     def flush(self, *, if_due: bool = False) -> None:
@@ -447,6 +461,8 @@ class Channel:
         with self._cond:
             if not if_due or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
                 self._flush_consumed()
+                if self._flush_error is not None and not if_due:
+                    raise self._flush_error
 
     def _process_for(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Processes deliveries on behalf of a waiting reader until some are for it: up

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from svc_sdk import Channel, InternalError
 from svc_sdk.testing import LocalStack
 
-from .helpers import pair
+from .helpers import client, pair
 
 FULL = "storage failure: database or disk is full (injected)"
 
@@ -152,3 +152,45 @@ def test_any_failed_write_on_either_side_loses_and_repeats_nothing(
         got, _ = read_all(chan_b, len(sent))
         assert got == sent, "every sent message exactly once, in order; no unsent one"
         assert chan_b.next_messages(0.3) == []
+
+
+def test_a_failed_record_of_what_was_read_hands_out_everything_once(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """The write that records which messages were read (inbox delete and cursor) failing
+    used to raise sqlite3.OperationalError out of next_messages, after the messages had
+    left the buffer: the caller lost them. Now the read returns them and the record is
+    written once the disk has room; an explicit flush() says it failed."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca:
+        real = cb.state.consumed
+        full = [True]
+
+        def consumed(*args: Any) -> None:
+            if full[0]:
+                raise sqlite3.OperationalError("database or disk is full (injected)")
+            real(*args)
+
+        cb.state.consumed = consumed  # type: ignore[method-assign]
+        sent = [f"m{i}".encode() for i in range(40)]
+        chan_a.send_batch(sent)
+        time.sleep(0.3)
+        chan_b.members()  # decrypted into the inbox, nobody reading yet
+        got: list[bytes] = []
+        while len(got) < len(sent):
+            got.extend(m.data for m in chan_b.next_messages(timeout=5))
+            chan_b._flushed_at = 0.0  # every read flushes: every read meets the full disk
+        assert got == sent
+        with pytest.raises(InternalError, match="could not record which messages were read"):
+            chan_b.flush()
+        full[0] = False
+        chan_b.flush()
+        cb.close()
+        again = client_in(stack, cb)
+        with again:
+            assert again.channel(channel_name).next_messages(0.5) == [], "nothing twice"
+
+
+def client_in(stack: LocalStack, old: Any) -> Any:
+    """A new client on ``old``'s data_dir and identity (its restart)."""
+    return client(stack, old.identity.decode(), data_dir=old.engine.data_dir)
