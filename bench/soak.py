@@ -287,7 +287,7 @@ def main() -> None:
         parser.error("need at least 4 agents per channel (owner, stable members, 2 churning)")
 
     root = Path(tempfile.mkdtemp(prefix="svc-soak-"))
-    disk = FullDisk(8) if hasattr(sys, "platform") and sys.platform == "linux" else None
+    disk = FullDisk(64) if hasattr(sys, "platform") and sys.platform == "linux" else None
     if disk is not None and not disk.mounted:
         print("# no tmpfs (needs root): the full-disk part is skipped")
         disk.close()

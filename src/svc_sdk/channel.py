@@ -751,7 +751,7 @@ class Channel:
                         welcome=pending.welcome or b"",
                     )
                     try:
-                        self._client.wait(
+                        reply = self._client.wait(
                             link.submit(
                                 link.request(self._client.timeout, retry=False, commit=frame)
                             )
@@ -767,7 +767,19 @@ class Channel:
                         if self._settle():
                             return pending
                         continue
-                    self._group.apply_pending_commit()
+                    # What the relay ordered before the commit was sent in the epoch it
+                    # ends: read it in that epoch (mls-rs refuses a past epoch's message
+                    # from a leaf the commit changed, e.g. a member it removes), then
+                    # apply the commit with its echo.
+                    with contextlib.suppress(TransportError):
+                        self._client.wait(
+                            link.submit(
+                                link.wait_received(self.name, reply.seq, self._client.timeout)
+                            )
+                        )
+                    self._drain_available()
+                    if self._group.has_pending_commit:
+                        self._group.apply_pending_commit()
                     self._proposals = False
                     return pending
                 raise TransportError(

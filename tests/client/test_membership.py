@@ -165,3 +165,18 @@ def test_a_removed_members_late_message_is_refused_not_lost_in_the_log(
         chan_a.send(b"only this")
         assert take(chan_c, 1) == [b"only this"]
         assert chan_c.next_messages(0.5) == []
+
+
+def test_the_committer_reads_what_was_sent_before_its_commit(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """Found by the soak benchmark: bob's last message, stored just before alice's commit
+    removing him, was read by every member but alice. She applied her commit on the
+    relay's Reply, before reading what the relay had ordered ahead of it, and mls-rs then
+    refuses a past epoch's message from a leaf the commit emptied."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("alice"), ids("bob"))
+    with ca, cb:
+        chan_b.send(b"last words")
+        behind(chan_a)  # alice commits before she has read it
+        chan_a.remove_member(cb.agent_id)
+        assert take(chan_a, 1) == [b"last words"]
