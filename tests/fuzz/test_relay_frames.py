@@ -74,19 +74,7 @@ class RawStream:
 
     def exchange(self, frame: bytes, timeout: float = 20.0) -> pb.Reply | Ended:
         """Sends ``frame``; the next Reply, or how the stream ended."""
-        self.requests.put(frame)
-        while True:
-            try:
-                item = self.out.get(timeout=timeout)
-            except queue.Empty:
-                pytest.fail(f"no Reply in {timeout} s to frame {frame[:64].hex()}")
-            if isinstance(item, Ended):
-                self.ended = item
-                return item
-            server_frame = pb.ServerFrame.FromString(item)
-            if server_frame.WhichOneof("kind") == "reply":
-                reply: pb.Reply = server_frame.reply
-                return reply
+        return self.exchange_many([frame], timeout)[0]
 
     def exchange_many(self, frames: list[bytes], timeout: float = 20.0) -> list[pb.Reply | Ended]:
         """Sends ``frames`` at once (a client may pipeline); a Reply for each (in the
