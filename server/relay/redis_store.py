@@ -9,6 +9,8 @@ Redis Cluster enforces; a single server does not care). Per channel:
   to a stream position);
 - ``svc:{ch}:meta``, a hash with the head sequence number, the current epoch and how
   far retention has trimmed;
+- ``svc:{ch}:ids``, a sorted set of the message ids (``Publish.message_id``) each sender
+  stored, scored by seq, for dedupe; retention trims it with the log;
 - ``svc:{ch}:group``, a hash with the tracked MLS group's state and version;
 - ``svc:{ch}:welcome:{seq}``, a hash with the Welcome of the commit at ``seq`` (``w``),
   the epoch it joins (``e``) and its joiners' member ids in hex (``r``), kept for the
@@ -85,26 +87,51 @@ NOTIFY_POLL_SECONDS = 0.05
 # TLS): the seed nodes of a Redis Cluster; the rest are discovered.
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
-# KEYS: meta, log. ARGV: sender, stored_at, check ("1": refuse messages of an epoch
-# other than the channel's), notification channel ('' on a single server, where the
-# followers read the logs directly), then epoch and message of each message. All or
-# nothing: returns {first seq, epoch}, or {-1, epoch} when refused.
+# KEYS: meta, log, ids. ARGV: sender, stored_at, check ("1": refuse messages of an
+# epoch other than the channel's), notification channel ('' on a single server, where
+# the followers read the logs directly), then epoch, message and id ('' for none) of
+# each message. A message whose id the sender stored already (the sorted set ``ids``:
+# member <length of sender>:<sender><id>, scored by its seq) is not stored again and
+# skips the epoch check. All or nothing: returns {epoch, seq of each message}, or
+# {-1, epoch} when refused.
 APPEND = """
 local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
-if ARGV[3] == '1' then
-  for i = 5, #ARGV, 2 do
-    if tonumber(ARGV[i]) ~= current then return {-1, current} end
+local prefix = #ARGV[1] .. ':' .. ARGV[1]
+local seqs = {}
+for i = 5, #ARGV, 3 do
+  local known = false
+  if ARGV[i + 2] ~= '' then known = redis.call('ZSCORE', KEYS[3], prefix .. ARGV[i + 2]) end
+  if known then
+    seqs[#seqs + 1] = tonumber(known)
+  else
+    if ARGV[3] == '1' and tonumber(ARGV[i]) ~= current then return {-1, current} end
+    seqs[#seqs + 1] = false
   end
 end
-local count = math.floor((#ARGV - 4) / 2)
-local first = redis.call('HINCRBY', KEYS[1], 'head', count) - count + 1
-for i = 5, #ARGV, 2 do
-  local seq = first + math.floor((i - 5) / 2)
-  redis.call('XADD', KEYS[2], seq .. '-1',
-    's', ARGV[1], 'h', '0', 'e', ARGV[i], 'm', ARGV[i + 1], 't', ARGV[2])
+local seq = tonumber(redis.call('HGET', KEYS[1], 'head') or '0')
+local last = 0
+for n = 1, #seqs do
+  local i = 5 + (n - 1) * 3
+  if not seqs[n] and ARGV[i + 2] ~= '' then
+    local again = redis.call('ZSCORE', KEYS[3], prefix .. ARGV[i + 2])
+    if again then seqs[n] = tonumber(again) end
+  end
+  if not seqs[n] then
+    seq = seq + 1
+    redis.call('XADD', KEYS[2], seq .. '-1',
+      's', ARGV[1], 'h', '0', 'e', ARGV[i], 'm', ARGV[i + 1], 't', ARGV[2])
+    if ARGV[i + 2] ~= '' then redis.call('ZADD', KEYS[3], seq, prefix .. ARGV[i + 2]) end
+    seqs[n] = seq
+    last = seq
+  end
 end
-if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], first + count - 1) end
-return {first, current}
+if last > 0 then
+  redis.call('HSET', KEYS[1], 'head', last)
+  if ARGV[4] ~= '' then redis.call('PUBLISH', ARGV[4], last) end
+end
+local reply = {current}
+for n = 1, #seqs do reply[n + 1] = seqs[n] end
+return reply
 """
 
 # KEYS: meta, log, group, unindexed. ARGV: sender, epoch, commit, stored_at,
@@ -166,6 +193,10 @@ def _log(channel: str) -> str:
 
 def _meta(channel: str) -> str:
     return _key(channel, "meta")
+
+
+def _ids(channel: str) -> str:
+    return _key(channel, "ids")
 
 
 def _group(channel: str) -> str:
@@ -280,6 +311,7 @@ class _Append:
     channel: str
     sender: bytes
     messages: list[tuple[bytes, int]]
+    ids: list[bytes]  # one per message, or none
     check: bool  # refuse them unless they are all of the channel's current epoch
     future: asyncio.Future[list[Entry]]
 
@@ -370,15 +402,24 @@ class RedisLogStore:
         return asyncio.ensure_future(one())
 
     def append_many(
-        self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
+        self,
+        channel: str,
+        sender: bytes,
+        messages: Sequence[tuple[bytes, int]],
+        ids: Sequence[bytes] = (),
     ) -> asyncio.Future[list[Entry]]:
-        return self._enqueue(channel, sender, messages, check=True)
+        return self._enqueue(channel, sender, messages, check=True, ids=ids)
 
     def _enqueue(
-        self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]], check: bool
+        self,
+        channel: str,
+        sender: bytes,
+        messages: Sequence[tuple[bytes, int]],
+        check: bool,
+        ids: Sequence[bytes] = (),
     ) -> asyncio.Future[list[Entry]]:
         future: asyncio.Future[list[Entry]] = asyncio.get_running_loop().create_future()
-        self._appends.put_nowait(_Append(channel, sender, list(messages), check, future))
+        self._appends.put_nowait(_Append(channel, sender, list(messages), list(ids), check, future))
         return future
 
     def _notification(self, channel: str) -> str:
@@ -396,15 +437,15 @@ class RedisLogStore:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for a in batch:
-                        keys = [_meta(a.channel), _log(a.channel)]
+                        keys = [_meta(a.channel), _log(a.channel), _ids(a.channel)]
                         args: list[Any] = [
                             a.sender,
                             repr(now),
                             "1" if a.check else "0",
                             self._notification(a.channel),
                         ]
-                        for message, epoch in a.messages:
-                            args += [epoch, message]
+                        for i, (message, epoch) in enumerate(a.messages):
+                            args += [epoch, message, a.ids[i] if a.ids else b""]
                         if self._cluster:
                             # EVAL, not EVALSHA: a cluster pipeline does not load scripts
                             # first, and a promoted replica has none cached.
@@ -417,16 +458,17 @@ class RedisLogStore:
                     if not a.future.done():
                         a.future.set_exception(exc)
                 continue
-            for a, (first, current) in zip(batch, results, strict=True):
+            for a, result in zip(batch, results, strict=True):
                 if a.future.done():
                     continue
-                if first == -1:
-                    a.future.set_exception(StaleMessages(int(current)))
+                if int(result[0]) == -1:
+                    a.future.set_exception(StaleMessages(int(result[1])))
                     continue
+                # A repeated id's entry carries the seq it was first stored with.
                 a.future.set_result(
                     [
-                        Entry(a.channel, int(first) + i, a.sender, False, epoch, message, now)
-                        for i, (message, epoch) in enumerate(a.messages)
+                        Entry(a.channel, int(seq), a.sender, False, epoch, message, now)
+                        for seq, (message, epoch) in zip(result[1:], a.messages, strict=True)
                     ]
                 )
 
@@ -566,6 +608,7 @@ class RedisLogStore:
                 start = f"({rows[-1][0].decode()}"
             if last_old:
                 removed += await self.redis.xtrim(_log(channel), minid=f"{last_old + 1}-1")
+                await self.redis.zremrangebyscore(_ids(channel), "-inf", last_old)
                 current = int(await self.redis.hget(key, "trimmed") or 0)
                 await self.redis.hset(key, "trimmed", max(current, last_old))
         await self.redis.xtrim(WELCOME_STREAM, minid=f"{int(older_than * 1000)}-0")

@@ -43,6 +43,8 @@ MAX_IN_FLIGHT = 1024
 MAX_UNREAD_REPLIES = 10_000
 # Messages in one Publish frame.
 MAX_PUBLISH_BATCH = 1024
+# The longest Publish.message_id.
+MAX_MESSAGE_ID = 32
 # How long a stream's access check of a channel holds without asking again. Commits
 # clear it at once in every relay process that follows the channel; this bounds the rest.
 ACCESS_TTL = 2.0
@@ -235,6 +237,17 @@ class StreamSession:
         count = len(req.message)
         if not 0 < count <= MAX_PUBLISH_BATCH:
             raise RequestError(INVALID, f"Publish takes 1 to {MAX_PUBLISH_BATCH} messages")
+        ids = list(req.message_id)
+        if ids and (
+            len(ids) != count
+            or any(not 0 < len(i) <= MAX_MESSAGE_ID for i in ids)
+            or len(set(ids)) != count
+        ):
+            raise RequestError(
+                INVALID,
+                f"message_id takes none or one distinct id of 1 to {MAX_MESSAGE_ID} bytes "
+                "per message",
+            )
         epochs = []
         for i, message in enumerate(req.message):
             what = "message" if count == 1 else f"message {i}"
@@ -255,7 +268,7 @@ class StreamSession:
         # Reply follows when the messages are durable (pipelined publishes).
         await self._in_flight.acquire()
         stored = self.relay.store.append_many(
-            req.channel, self.member, list(zip(req.message, epochs, strict=True))
+            req.channel, self.member, list(zip(req.message, epochs, strict=True)), ids
         )
         metrics = self.relay.metrics
         metrics.application_messages.inc(count)

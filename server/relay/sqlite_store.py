@@ -65,6 +65,17 @@ CREATE TABLE IF NOT EXISTS welcome_recipients (
     PRIMARY KEY (recipient, channel, seq)
 ) WITHOUT ROWID;
 DROP TABLE IF EXISTS welcomes;
+-- Message ids (Publish.message_id) each sender stored in each channel, for dedupe; kept
+-- as long as the messages (trim removes both).
+CREATE TABLE IF NOT EXISTS message_ids (
+    channel TEXT NOT NULL,
+    sender BLOB NOT NULL,
+    id BLOB NOT NULL,
+    seq INTEGER NOT NULL,
+    stored_at REAL NOT NULL,
+    PRIMARY KEY (channel, sender, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS message_ids_stored_at ON message_ids (stored_at);
 -- The relay's tracked MLS group of each channel; version counts every stored change.
 CREATE TABLE IF NOT EXISTS groups (
     channel TEXT PRIMARY KEY,
@@ -264,25 +275,62 @@ class SqliteLogStore:
         return self._enqueue(op, len(message))
 
     def append_many(
-        self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
+        self,
+        channel: str,
+        sender: bytes,
+        messages: Sequence[tuple[bytes, int]],
+        ids: Sequence[bytes] = (),
     ) -> asyncio.Future[list[Entry]]:
         def op(conn: sqlite3.Connection) -> tuple[list[Entry], list[Entry], list[WelcomeEntry]]:
             head, current = self._channel_row(conn, channel)
-            if any(epoch != current for _, epoch in messages):
+            # Ids this sender stored already: answered with the original seq, before (and
+            # whatever) the epoch check, in the same transaction as the append.
+            known: dict[bytes, int] = {}
+            if ids:
+                select = "SELECT seq FROM message_ids WHERE channel = ? AND sender = ? AND id = ?"
+                for message_id in ids:
+                    row = conn.execute(select, (channel, sender, message_id)).fetchone()
+                    if row is not None:
+                        known[message_id] = row[0]
+            fresh: list[int] = []
+            seen: set[bytes] = set()
+            for i in range(len(messages)):
+                if ids:
+                    if ids[i] in known or ids[i] in seen:
+                        continue
+                    seen.add(ids[i])
+                fresh.append(i)
+            if any(messages[i][1] != current for i in fresh):
                 raise StaleMessages(current)
             now = time.time()
-            entries = [
-                Entry(channel, head + 1 + i, sender, False, epoch, message, now)
-                for i, (message, epoch) in enumerate(messages)
+            stored = [
+                Entry(channel, head + 1 + n, sender, False, messages[i][1], messages[i][0], now)
+                for n, i in enumerate(fresh)
             ]
-            conn.executemany(
-                "INSERT INTO messages VALUES (?, ?, ?, 0, ?, ?, ?)",
-                [(channel, e.seq, sender, e.epoch, e.message, now) for e in entries],
-            )
-            conn.execute(
-                "UPDATE channels SET head_seq = ? WHERE name = ?", (entries[-1].seq, channel)
-            )
-            return entries, entries, []
+            if stored:
+                conn.executemany(
+                    "INSERT INTO messages VALUES (?, ?, ?, 0, ?, ?, ?)",
+                    [(channel, e.seq, sender, e.epoch, e.message, now) for e in stored],
+                )
+                conn.execute(
+                    "UPDATE channels SET head_seq = ? WHERE name = ?", (stored[-1].seq, channel)
+                )
+            result: list[Entry] = []
+            new = iter(stored)
+            for i, (message, epoch) in enumerate(messages):
+                if ids and ids[i] in known:
+                    result.append(Entry(channel, known[ids[i]], sender, False, epoch, message, now))
+                    continue
+                entry = next(new)
+                result.append(entry)
+                if ids:
+                    # A repeated id inside one frame is stored once, like a resend.
+                    known[ids[i]] = entry.seq
+                    conn.execute(
+                        "INSERT OR IGNORE INTO message_ids VALUES (?, ?, ?, ?, ?)",
+                        (channel, sender, ids[i], entry.seq, now),
+                    )
+            return result, stored, []
 
         return self._enqueue(op, sum(len(m) for m, _ in messages))
 
@@ -381,6 +429,7 @@ class SqliteLogStore:
                 (older_than,),
             )
             conn.execute("DELETE FROM welcome_blobs WHERE stored_at < ?", (older_than,))
+            conn.execute("DELETE FROM message_ids WHERE stored_at < ?", (older_than,))
             return removed.rowcount, [], []
 
         result: int = await self._write(op, size=INLINE_MAX_BYTES + 1)  # unbounded work

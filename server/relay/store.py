@@ -99,10 +99,21 @@ class LogStore(Protocol):
         ...
 
     def append_many(
-        self, channel: str, sender: bytes, messages: Sequence[tuple[bytes, int]]
+        self,
+        channel: str,
+        sender: bytes,
+        messages: Sequence[tuple[bytes, int]],
+        ids: Sequence[bytes] = (),
     ) -> asyncio.Future[list[Entry]]:
         """``append`` for several (message, epoch) pairs at once, stored consecutively;
-        one result for all of them."""
+        one result (an entry per message) for all of them. StaleMessages unless every
+        message to store is of the channel's current epoch.
+
+        ``ids``: none, or one per message. A message whose id ``sender`` already stored in
+        ``channel`` (and that retention has not trimmed) is not stored again: its entry
+        carries the original seq. That check is atomic with the append and comes before
+        the epoch check, so a resend re-encrypted in a later epoch still finds its
+        original."""
         ...
 
     async def commit(

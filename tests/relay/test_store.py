@@ -15,7 +15,13 @@ import pytest
 from svc_server.relay import redis_store
 from svc_server.relay.redis_store import RedisLogStore
 from svc_server.relay.sqlite_store import INLINE_MAX_BYTES, SqliteLogStore
-from svc_server.relay.store import MAX_PENDING_WELCOMES, CursorExpired, Entry, LogStore
+from svc_server.relay.store import (
+    MAX_PENDING_WELCOMES,
+    CursorExpired,
+    Entry,
+    LogStore,
+    StaleMessages,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -288,3 +294,29 @@ async def test_an_idle_follower_neither_times_out_nor_reconnects(
         assert seen == [1]
     finally:
         await store.close()
+
+
+async def test_a_repeated_message_id_is_stored_once_with_its_original_seq(store: LogStore) -> None:
+    """Publish.message_id: a resend (same sender and id) is answered with the original seq
+    and not stored again, even from a past epoch (checked before the epoch); a new id is
+    still held to the current epoch; another sender's id is its own."""
+    first = await store.append_many("a/b/c", b"s", [(b"m1", 0), (b"m2", 0)], [b"id1", b"id2"])
+    assert [e.seq for e in first] == [1, 2]
+    again = await store.append_many("a/b/c", b"s", [(b"m2'", 0), (b"m3", 0)], [b"id2", b"id3"])
+    assert [e.seq for e in again] == [2, 3], "the repeat keeps its seq, the new one follows"
+    await _commit(store, 0, b"", [])  # seq 4: the channel moves to epoch 1
+    stale_repeat = await store.append_many(
+        "a/b/c", b"s", [(b"m1", 0), (b"m3", 0)], [b"id1", b"id3"]
+    )
+    assert [e.seq for e in stale_repeat] == [1, 3]
+    with pytest.raises(StaleMessages):
+        await store.append_many("a/b/c", b"s", [(b"m1", 0), (b"m4", 0)], [b"id1", b"id4"])
+    other = await store.append_many("a/b/c", b"t", [(b"x", 1)], [b"id1"])
+    assert [e.seq for e in other] == [5], "ids are per sender"
+    mixed = await store.append_many("a/b/c", b"s", [(b"m3", 0), (b"m4", 1)], [b"id3", b"id4"])
+    assert [e.seq for e in mixed] == [3, 6]
+    assert await store.head("a/b/c") == (6, 1)
+    stored = [(e.seq, e.message) for e in await store.read("a/b/c", 0, 10)]
+    assert stored == [(1, b"m1"), (2, b"m2"), (3, b"m3"), (4, b"c"), (5, b"x"), (6, b"m4")]
+    plain = await store.append_many("a/b/c", b"s", [(b"m5", 1)])  # no ids: no dedupe
+    assert [e.seq for e in plain] == [7]

@@ -49,12 +49,14 @@ class Unsubscribe(_message.Message):
     def __init__(self, channel: _Optional[str] = ...) -> None: ...
 
 class Publish(_message.Message):
-    __slots__ = ("channel", "message")
+    __slots__ = ("channel", "message", "message_id")
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_ID_FIELD_NUMBER: _ClassVar[int]
     channel: str
     message: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, channel: _Optional[str] = ..., message: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    message_id: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, channel: _Optional[str] = ..., message: _Optional[_Iterable[bytes]] = ..., message_id: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("channel", "epoch", "commit", "welcome")
