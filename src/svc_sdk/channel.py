@@ -24,7 +24,7 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import grpc
@@ -41,6 +41,7 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
+from svc_sdk.outbox import Outbox
 from svc_sdk.relay_client import RelayError
 
 if TYPE_CHECKING:
@@ -57,10 +58,6 @@ KEY_PACKAGE = b"\x00\x05"
 #: 896 KiB pads to a full 1 MiB and, with its framing, would exceed the relay's 1 MiB
 #: message limit. 1 KiB is left for the signature and MLS framing inside the padding.
 MAX_PAYLOAD = 896 * 1024 - 1024
-MAX_FRAME_MESSAGES = 1024
-# The relay accepts frames up to its message limit plus 64 KiB (1 MiB + 64 KiB by
-# default); a batch frame stays under the message limit itself.
-MAX_FRAME_BYTES = 960 * 1024
 COMMIT_ATTEMPTS = 20
 CONSUMED_FLUSH = 256
 CONSUMED_FLUSH_SECONDS = 0.1
@@ -151,6 +148,8 @@ class Channel:
         self._flushed_at = time.monotonic()
         self._flush_error: InternalError | None = None  # the last record of reads failed
         self._join_requests: list[tuple[bytes, bytes]] = []
+        # Sent messages the relay has not acknowledged (svc_sdk.outbox).
+        self._outbox = Outbox(self)
         self._proposals = False
         self._in_commit = False
         #: Add agents whose invite redemption reaches the channel (see join_with_token), when
@@ -229,66 +228,60 @@ class Channel:
             if self._closed is None:
                 self._closed = reason
             self._cond.notify_all()
+        self._outbox.stop()  # what is unsent stays on disk for the next start
 
     # -- sending -----------------------------------------------------------------------
 
     def send(self, payload: bytes) -> None:
-        """Encrypts ``payload`` for every member and returns once the relay stored it."""
-        self.send_batch([payload])
+        """Encrypts ``payload`` for every member and returns once it is durably queued in
+        this agent's outbox (``data_dir``); the relay stores it in the background, in
+        send order, exactly once, also across reconnects and restarts. Blocks while the
+        outbox is full (TransportError after the client's timeout). An error that comes
+        after ``send()`` returned is raised by the next send, send_batch or
+        :meth:`wait_stored`. Safe to call from any thread."""
+        blob = _payload(payload)
+        self._queue([blob])
 
     def send_batch(self, payloads: list[bytes]) -> None:
-        """Sends several messages with one state write and one relay frame per 1,024:
-        the way to high throughput. Returns once the relay stored them all, in order."""
+        """Sends several messages with one state write and one relay frame per 1,024.
+        Returns once the relay stored them all, in order (like ``send`` followed by
+        :meth:`wait_stored`, for these messages)."""
         if isinstance(cast(object, payloads), bytes | bytearray | memoryview | str):
             raise TypeError("send_batch takes a list of bytes; use send() for one message")
-        blobs: list[bytes] = []
-        for payload in payloads:
-            if not isinstance(payload, bytes | bytearray | memoryview):
-                raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
-            if len(payload) > MAX_PAYLOAD:
-                raise PayloadTooLargeError(
-                    f"payload is {len(payload)} bytes; the limit is {MAX_PAYLOAD} "
-                    "(the relay's 1 MiB message limit, less MLS padding and framing)"
-                )
-            blobs.append(bytes(payload))
+        blobs = [_payload(payload) for payload in payloads]
         if not blobs:
+            self._outbox.raise_deferred()
             return
-        link = self._client.link
-        for _ in range(COMMIT_ATTEMPTS):
-            with self._lock:
-                self._check_open()
-                self._drain_available()  # encrypt in the newest epoch we know of
-                frames = list(_frames(self._group.encrypt_batch(blobs)))
-                # Queued while holding the lock, so frames reach the relay in encryption
-                # order; the acknowledgements are awaited outside it, so other senders
-                # pipeline.
-                futures = [
-                    link.send_soon(
-                        self._client.timeout, publish=pb.Publish(channel=self.name, message=f)
-                    )
-                    for f in frames
-                ]
-            stale: RelayError | None = None
-            stored = 0
-            for frame, future in zip(frames, futures, strict=True):
-                try:
-                    self._client.wait(future)
-                except RelayError as exc:
-                    if exc.code != STALE:
-                        raise relay_error(exc, self.name) from None
-                    stale = stale or exc
-                    continue
-                if stale is None:
-                    stored += len(frame)
-            if stale is None:
-                return
-            # A commit reached the relay first: what was encrypted in the epoch it ended
-            # was refused (the new epoch's members might not read it). Once this agent
-            # has the commit (and is still a member), the rest goes again in the new epoch.
-            blobs = blobs[stored:]
-            with self._lock:
-                self._catch_up(stale.reply.epoch)
-        raise TransportError(f"channel {self.name!r}: sending kept losing to members' commits")
+        last = self._queue(blobs)
+        self._outbox.wait(last, self._client.timeout)
+
+    def wait_stored(self, timeout: float | None = None) -> None:
+        """Waits until the relay stored every message sent on this channel before the
+        call (None: without a time limit), then raises any error that came after a
+        ``send()`` returned. TransportError on timeout: the messages stay queued and are
+        still sent. (Not :meth:`flush`, which records what was *read*.)"""
+        _check_wait(timeout, None)
+        self._outbox.wait(self._outbox.last_pos(), timeout)
+
+    @property
+    def unsent(self) -> int:
+        """Messages sent on this channel that the relay has not acknowledged yet."""
+        return len(self._outbox)
+
+    def _queue(self, blobs: list[bytes]) -> int:
+        """Encrypts and queues ``blobs`` in the outbox; returns the last one's position.
+        The engine saves the ratchet state inside encrypt_batch, before the ciphertexts
+        exist anywhere else; the outbox row follows (docs/architecture.md)."""
+        outbox = self._outbox
+        outbox.raise_deferred()
+        self._check_open()
+        outbox.wait_for_room(len(blobs), sum(map(len, blobs)), self._client.timeout)
+        outbox.raise_deferred()
+        with self._lock:
+            self._check_open()
+            self._drain_available()  # encrypt in the newest epoch we know of
+            epoch = self._group.epoch
+            return outbox.add(epoch, blobs, self._group.encrypt_batch(blobs))
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -877,14 +870,12 @@ def _check_wait(timeout: object, accept: object) -> None:
         raise TypeError(f"accept must be a callable or None, not {type(accept).__name__}")
 
 
-def _frames(ciphertexts: list[bytes]) -> Iterator[list[bytes]]:
-    frame: list[bytes] = []
-    size = 0
-    for ct in ciphertexts:
-        if frame and (len(frame) >= MAX_FRAME_MESSAGES or size + len(ct) > MAX_FRAME_BYTES):
-            yield frame
-            frame, size = [], 0
-        frame.append(ct)
-        size += len(ct)
-    if frame:
-        yield frame
+def _payload(payload: object) -> bytes:
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise TypeError(f"payload must be bytes, not {type(payload).__name__}")
+    if len(payload) > MAX_PAYLOAD:
+        raise PayloadTooLargeError(
+            f"payload is {len(payload)} bytes; the limit is {MAX_PAYLOAD} "
+            "(the relay's 1 MiB message limit, less MLS padding and framing)"
+        )
+    return bytes(payload)

@@ -46,6 +46,8 @@ MAX_EVENTS_PAGE = 1000
 RENEW_AT = 0.75
 #: After a failed renewal, the next try.
 RENEW_RETRY_SECONDS = 30.0
+# How long close() waits, in all, for the relay to acknowledge what was sent.
+CLOSE_SEND_SECONDS = 5.0
 NO_API_KEY = "no API key: pass api_key (or set SVC_API_KEY, or run `svc signup`)"
 
 
@@ -179,6 +181,17 @@ class SvcClient:
     def _update_channels(self) -> None:
         with self._lock:
             channels = list(self._channels.values())
+        # What was sent goes to the relay first, for up to CLOSE_SEND_SECONDS in all;
+        # anything left stays in the outbox and goes after the next start.
+        deadline = time.monotonic() + CLOSE_SEND_SECONDS
+        for channel in channels:
+            if channel.unsent and getattr(self, "link", None) is not None and self.link.connected:
+                try:
+                    channel._outbox.wait(
+                        channel._outbox.last_pos(), max(0.0, deadline - time.monotonic())
+                    )
+                except SvcError as exc:
+                    log.warning("channel %s: %s", channel.name, exc)
         for channel in channels:
             try:
                 channel.update_keys()
@@ -252,6 +265,7 @@ class SvcClient:
 
     def _forget(self, channel: Channel, reason: SvcError) -> None:
         """The agent is no longer in ``channel``: stop listening, delete its state."""
+        channel._outbox.stop(reason)  # its unsent messages fail with the reason
         channel._close(reason)
         self._drop(channel.name)
         if not self._closed:
@@ -428,6 +442,17 @@ class SvcClient:
         self._stop.set()
         with self._lock:
             channels = list(self._channels.values())
+        # What was sent goes to the relay first, for up to CLOSE_SEND_SECONDS in all;
+        # anything left stays in the outbox and goes after the next start.
+        deadline = time.monotonic() + CLOSE_SEND_SECONDS
+        for channel in channels:
+            if channel.unsent and getattr(self, "link", None) is not None and self.link.connected:
+                try:
+                    channel._outbox.wait(
+                        channel._outbox.last_pos(), max(0.0, deadline - time.monotonic())
+                    )
+                except SvcError as exc:
+                    log.warning("channel %s: %s", channel.name, exc)
         for channel in channels:
             # On a full disk the record of what was read stays unwritten (logged): after
             # a restart those messages come again, none is lost. Closing goes on.

@@ -117,10 +117,12 @@ class RelayLink:
         self._started = False
         self._endpoint_index = 0
         self.reconnects = 0
+        #: Counts the connections made; a frame sent with ``pin`` goes out on that one only.
+        self.generation = 0
         # Frames from send_soon, written by one task in the order they were queued.
-        self._queued: deque[tuple[dict[str, Any], concurrent.futures.Future[pb.Reply], float]] = (
-            deque()
-        )
+        self._queued: deque[
+            tuple[dict[str, Any], concurrent.futures.Future[pb.Reply], float, int | None]
+        ] = deque()
         self._queued_wake: asyncio.Event | None = None
 
     # -- lifecycle (any thread) --------------------------------------------------------
@@ -171,16 +173,22 @@ class RelayLink:
             raise ChannelClosedError("the client is closed")
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def send_soon(self, timeout: float, **kind: Any) -> concurrent.futures.Future[pb.Reply]:
+    def send_soon(
+        self, timeout: float, pin: int | None = None, **kind: Any
+    ) -> concurrent.futures.Future[pb.Reply]:
         """``submit(request(timeout, **kind))`` for the hot path (publishes): frames are
         queued for one writer task instead of each getting a task of its own, which takes
         a thread hand-off and an event-loop turn off every send. Frames are written in
         the order they were queued; a connection lost before the Reply falls back to
-        ``request``, which resends after the reconnect."""
+        ``request``, which resends after the reconnect.
+
+        With ``pin`` (a :attr:`generation`), the frame goes out on that connection or not
+        at all: if it is gone, or goes before the Reply, the future fails with
+        TransportError and nothing is resent (the outbox resends in order itself)."""
         if self._closing:
             raise ChannelClosedError("the client is closed")
         future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
-        self._queued.append((kind, future, time.monotonic() + timeout))
+        self._queued.append((kind, future, time.monotonic() + timeout, pin))
         assert self._queued_wake is not None
         self._loop.call_soon_threadsafe(self._queued_wake.set)
         return future
@@ -192,9 +200,12 @@ class RelayLink:
                 await self._queued_wake.wait()
                 self._queued_wake.clear()
                 while self._queued:
-                    kind, future, deadline = self._queued.popleft()
+                    kind, future, deadline, pin = self._queued.popleft()
                     if not future.set_running_or_notify_cancel():
                         continue  # the caller gave up
+                    if pin is not None:
+                        await self._write_pinned(kind, future, pin)
+                        continue
                     try:
                         conn = await self._wait_connected(deadline - time.monotonic())
                         replied = await conn.send(**kind)
@@ -210,9 +221,37 @@ class RelayLink:
                     replied.add_done_callback(partial(self._replied, future, kind, deadline))
         finally:  # closing: nothing queued may wait forever
             while self._queued:
-                _, future, _ = self._queued.popleft()
+                _, future, _, _ = self._queued.popleft()
                 if future.set_running_or_notify_cancel():
                     future.set_exception(ChannelClosedError("the client is closed"))
+
+    async def _write_pinned(
+        self, kind: dict[str, Any], future: concurrent.futures.Future[pb.Reply], pin: int
+    ) -> None:
+        conn = self._conn
+        if conn is None or pin != self.generation or not self.connected:
+            future.set_exception(TransportError("relay connection lost before sending"))
+            return
+        try:
+            replied = await conn.send(**kind)
+        except asyncio.CancelledError:
+            future.set_exception(ChannelClosedError("the client is closed"))
+            raise
+        except (ConnectionError, grpc.RpcError, asyncio.InvalidStateError) as exc:
+            future.set_exception(TransportError(f"relay connection lost: {exc}"))
+            return
+        replied.add_done_callback(partial(self._replied_pinned, future))
+
+    @staticmethod
+    def _replied_pinned(
+        future: concurrent.futures.Future[pb.Reply], done: asyncio.Future[pb.Reply]
+    ) -> None:
+        if done.cancelled() or done.exception() is not None:
+            future.set_exception(TransportError("relay connection lost before the Reply"))
+        elif done.result().code != 0:
+            future.set_exception(RelayError(done.result()))
+        else:
+            future.set_result(done.result())
 
     def _replied(
         self,
@@ -379,6 +418,7 @@ class RelayLink:
                 if reply.code != 0:
                     raise RelayError(reply)
                 self._conn = conn
+                self.generation += 1
                 for channel, sub in list(self._subs.items()):
                     await self._subscribe(sub, channel)
                 self._error = None

@@ -141,6 +141,7 @@ def test_a_message_encrypted_before_a_commit_goes_again_in_the_new_epoch(
         chan_a.update_keys()
         behind(chan_b)
         chan_b.send(b"encrypted in the old epoch first")
+        chan_b.wait_stored()  # refused as stale, re-encrypted in the new epoch, stored
         assert chan_b.epoch == epoch + 1
         assert take(chan_a, 1) == [b"encrypted in the old epoch first"]
         chan_b.send(b"next")
@@ -152,7 +153,8 @@ def test_a_removed_members_late_message_is_refused_not_lost_in_the_log(
 ) -> None:
     """Sent by bob just after his removal reached the relay: the relay used to store it
     behind the commit, where no member can read it (mls-rs refuses a past epoch's message
-    from a leaf that is gone), and bob's send() returned. Now bob learns he is out."""
+    from a leaf that is gone), and bob's send() returned. Now bob learns he is out: his
+    send() is queued, and the refusal surfaces on his next call."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("alice"), ids("bob"))
     cc = client(stack, ids("carol"))
     with ca, cb, cc:
@@ -160,8 +162,10 @@ def test_a_removed_members_late_message_is_refused_not_lost_in_the_log(
         take(chan_b, 0)
         chan_a.remove_member(cb.agent_id)
         behind(chan_b)
+        chan_b.send(b"after my removal")
         with pytest.raises(ChannelClosedError):
-            chan_b.send(b"after my removal")
+            chan_b.wait_stored()
+        assert chan_b.unsent == 0
         chan_a.send(b"only this")
         assert take(chan_c, 1) == [b"only this"]
         assert chan_c.next_messages(0.5) == []

@@ -211,12 +211,13 @@ def test_close_ends_a_send_waiting_for_the_relay(ids: Any) -> None:
         channel = "acme/tests/close-while-sending"
         ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
         cb.close()
-        stack.kill()  # the relay is gone: the send waits for a connection
+        stack.kill()  # the relay is gone: the message waits in the outbox
         errors: list[BaseException] = []
 
         def send() -> None:
             try:
-                chan_a.send(b"never stored")
+                chan_a.send(b"never stored")  # queued: returns at once
+                chan_a.wait_stored()
             except Exception as exc:
                 errors.append(exc)
 

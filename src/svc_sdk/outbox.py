@@ -1,0 +1,358 @@
+"""A channel's outbox: what ``send()`` accepted and the relay has not acknowledged yet.
+
+``Channel.send`` encrypts (the engine saves the ratchet state first), writes the message
+to the outbox table in ``client.sqlite3`` and returns. A pump thread per channel sends the
+outbox to the relay in order, coalescing whatever is waiting into Publish frames and
+keeping several frames in flight; each Reply retires its messages. Every message carries
+a random 16-byte id, and the relay stores an id at most once per sender and channel, so
+resending after a lost connection, a failover or a restart never duplicates.
+
+Ordering: frames go out pinned to one connection (``RelayLink.send_soon(pin=...)``); when
+any frame fails, nothing more is sent until every frame in flight has settled, and then
+the pump starts again from the oldest unacknowledged message. Messages of two epochs are
+never in flight together. A message refused as stale (a commit reached the relay first)
+is re-encrypted, with everything after it, in the new epoch under the same id, once the
+channel has processed the commit; if the commit removed this agent, the messages fail
+with ChannelClosedError. A failure after ``send()`` returned is kept and raised by the
+channel's next send, send_batch or wait_stored call (docs/client.md, Sending).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import grpc
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.errors import ChannelClosedError, SvcError, TransportError, relay_error
+from svc_sdk.relay_client import RelayError
+
+if TYPE_CHECKING:
+    import concurrent.futures
+
+    from svc_sdk.channel import Channel
+
+log = logging.getLogger("svc_sdk.outbox")
+
+STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+#: How many messages, and payload bytes, may wait in one channel's outbox; ``send()``
+#: blocks (up to the client's timeout) while it is full.
+OUTBOX_MESSAGES = 10_000
+OUTBOX_BYTES = 64 * 1024 * 1024
+#: Publish frames in flight per channel.
+WINDOW = 8
+MAX_FRAME_MESSAGES = 1024  # the relay's MAX_PUBLISH_BATCH
+# The relay accepts frames up to its message limit plus 64 KiB (1 MiB + 64 KiB by
+# default); a frame stays under the message limit itself.
+MAX_FRAME_BYTES = 960 * 1024
+RETRY_SECONDS = 0.05
+ID_BYTES = 16
+
+
+@dataclass(slots=True)
+class Entry:
+    pos: int
+    id: bytes
+    epoch: int
+    payload: bytes
+    ciphertext: bytes
+
+
+class Outbox:
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._cond = threading.Condition()
+        rows = channel._client.state.outbox(channel.name)
+        self._entries: deque[Entry] = deque(Entry(*row) for row in rows)
+        self._bytes = sum(len(e.payload) for e in self._entries)
+        self._next_pos = rows[-1][0] + 1 if rows else 1
+        self._done_through = self._next_pos - 1  # every pos up to here stored or failed
+        self._sent = 0  # entries at the head of _entries in flight
+        # (number of entries, future) per frame in flight, oldest first.
+        self._inflight: deque[tuple[int, concurrent.futures.Future[pb.Reply]]] = deque()
+        self._halted: BaseException | None = None  # a frame failed: resend from the head
+        self._deferred: SvcError | None = None  # to raise on the next call
+        self._failed_through = 0  # the last pos dropped with _deferred
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        if self._entries:
+            self._start()
+
+    # -- the caller's side (any thread) -------------------------------------------------
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._entries)
+
+    def raise_deferred(self) -> None:
+        """Raises (once) an error that came after ``send()`` returned."""
+        with self._cond:
+            error, self._deferred = self._deferred, None
+        if error is not None:
+            raise error
+
+    def wait_for_room(self, count: int, size: int, timeout: float) -> None:
+        """Blocks while the outbox is full (an empty outbox takes anything)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._entries and (
+                len(self._entries) + count > OUTBOX_MESSAGES or self._bytes + size > OUTBOX_BYTES
+            ):
+                if self._deferred is not None or self._stopped:
+                    return  # the caller raises it
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TransportError(
+                        f"channel {self._channel.name!r}: the outbox is full "
+                        f"({len(self._entries)} messages not yet acknowledged by the relay)"
+                    )
+                self._cond.wait(min(remaining, 0.5))
+
+    def add(self, epoch: int, payloads: list[bytes], ciphertexts: list[bytes]) -> int:
+        """Queues messages just encrypted in ``epoch`` (the engine saved its state
+        already); returns the last one's position. Caller holds the channel's lock, so
+        positions follow encryption order."""
+        with self._cond:
+            first = self._next_pos
+            self._next_pos += len(payloads)
+        entries = [
+            Entry(first + i, os.urandom(ID_BYTES), epoch, payload, ct)
+            for i, (payload, ct) in enumerate(zip(payloads, ciphertexts, strict=True))
+        ]
+        self._channel._client.state.queue(
+            self._channel.name, ((e.pos, e.id, e.epoch, e.payload, e.ciphertext) for e in entries)
+        )
+        with self._cond:
+            self._entries.extend(entries)
+            self._bytes += sum(len(p) for p in payloads)
+            self._cond.notify_all()
+        if self._thread is None:
+            self._start()
+        return entries[-1].pos
+
+    def last_pos(self) -> int:
+        with self._cond:
+            return self._next_pos - 1
+
+    def wait(self, through: int, timeout: float | None) -> None:
+        """Waits until every message up to position ``through`` is acknowledged, then
+        raises the deferred error if there is one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._done_through < through and self._deferred is None:
+                if self._stopped:
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TransportError(
+                        f"channel {self._channel.name!r}: {len(self._entries)} messages not "
+                        "acknowledged by the relay in time (they stay in the outbox)"
+                    )
+                self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
+            error, self._deferred = self._deferred, None
+            stopped = self._stopped and self._done_through < through
+        if error is not None:
+            raise error
+        if stopped:
+            self._channel._check_open()
+            raise ChannelClosedError(f"channel {self._channel.name!r} is closed")
+
+    def stop(self, error: SvcError | None = None) -> None:
+        """The channel is closing; ``error``: its unsent messages are dropped with it."""
+        with self._cond:
+            self._stopped = True
+            if error is not None and self._entries:
+                self._drop_all(error, delete=False)
+            self._cond.notify_all()
+
+    # -- the pump (its own thread) ------------------------------------------------------
+
+    def _start(self) -> None:
+        with self._cond:
+            if self._thread is not None or self._stopped:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name=f"svc-outbox-{self._channel.name}", daemon=True
+            )
+        self._thread.start()
+
+    def _settled(self, future: concurrent.futures.Future[pb.Reply]) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        try:
+            self._pump()
+        except Exception:  # a bug must not lose the outbox silently: it stays on disk
+            log.exception("channel %s: the outbox pump failed", self._channel.name)
+
+    def _pump(self) -> None:
+        link = self._channel._client.link
+        while True:
+            with self._cond:
+                while not self._stopped and not self._work():
+                    self._cond.wait(0.5)
+                if self._stopped:
+                    return
+                retired = self._collect()
+            if retired:
+                self._channel._client.state.retire(self._channel.name, retired)
+                with self._cond:
+                    self._cond.notify_all()
+            with self._cond:
+                halted = self._halted if not self._inflight else None
+            if halted is not None:
+                self._recover(halted)
+                continue
+            self._send_more(link)
+
+    def _work(self) -> bool:
+        """Caller holds _cond."""
+        if self._inflight and self._inflight[0][1].done():
+            return True
+        if self._halted is not None:
+            return not self._inflight
+        return self._sent < len(self._entries) and len(self._inflight) < WINDOW
+
+    def _collect(self) -> int:
+        """Takes settled frames off the head; returns the last pos stored (0: none).
+        Caller holds _cond."""
+        retired = 0
+        while self._inflight and self._inflight[0][1].done():
+            count, future = self._inflight.popleft()
+            error = future.exception()
+            if error is None and self._halted is None:
+                for _ in range(count):
+                    entry = self._entries.popleft()
+                    self._bytes -= len(entry.payload)
+                    retired = entry.pos
+                self._sent -= count
+                self._done_through = retired
+            else:
+                # This frame and everything after it go again (or fail) once in-flight
+                # frames have settled; an OK after a failure is a duplicate next time.
+                self._halted = self._halted or error or TransportError("frame lost")
+                self._sent -= count
+        if self._halted is not None and not self._inflight:
+            self._sent = 0
+        return retired
+
+    def _send_more(self, link: object) -> None:
+        from svc_sdk.relay_link import RelayLink
+
+        assert isinstance(link, RelayLink)
+        if not link.connected:
+            time.sleep(RETRY_SECONDS)
+            return
+        generation = link.generation
+        channel = self._channel.name
+        frames: list[list[Entry]] = []
+        with self._cond:
+            if self._halted is not None or not self._entries:
+                return
+            epoch = self._entries[0].epoch
+            index = self._sent
+            room = WINDOW - len(self._inflight)
+            while index < len(self._entries) and len(frames) < room:
+                frame: list[Entry] = []
+                size = 0
+                while index < len(self._entries):
+                    entry = self._entries[index]
+                    if entry.epoch != epoch:
+                        break  # never two epochs in flight: the older may come back stale
+                    if frame and (
+                        len(frame) >= MAX_FRAME_MESSAGES
+                        or size + len(entry.ciphertext) > MAX_FRAME_BYTES
+                    ):
+                        break
+                    frame.append(entry)
+                    size += len(entry.ciphertext)
+                    index += 1
+                if not frame:
+                    break
+                frames.append(frame)
+            for frame in frames:
+                try:
+                    future = link.send_soon(
+                        self._channel._client.timeout,
+                        pin=generation,
+                        publish=pb.Publish(
+                            channel=channel,
+                            message=[e.ciphertext for e in frame],
+                            message_id=[e.id for e in frame],
+                        ),
+                    )
+                except ChannelClosedError:
+                    self._stopped = True
+                    return
+                self._inflight.append((len(frame), future))
+                self._sent += len(frame)
+                future.add_done_callback(self._settled)
+
+    def _recover(self, error: BaseException) -> None:
+        """Every frame in flight settled and one failed: the next round starts from the
+        oldest unacknowledged message, re-encrypted first if its epoch was refused."""
+        channel = self._channel
+        if isinstance(error, RelayError) and error.code == STALE:
+            try:
+                self._reencrypt(error.reply.epoch)
+            except SvcError as exc:
+                with self._cond:
+                    self._drop_all(exc)
+                channel._client.state.retire(channel.name, self._done_through)
+        elif isinstance(error, RelayError) and error.code != UNAVAILABLE:
+            with self._cond:
+                self._drop_all(relay_error(error, channel.name))
+            channel._client.state.retire(channel.name, self._done_through)
+        elif isinstance(error, ChannelClosedError):
+            with self._cond:
+                self._stopped = True
+            return
+        else:
+            time.sleep(RETRY_SECONDS)  # a lost connection: resent once it is back
+        with self._cond:
+            self._halted = None
+            self._cond.notify_all()
+
+    def _reencrypt(self, epoch: int) -> None:
+        channel = self._channel
+        with channel._lock:
+            channel._check_open()
+            channel._catch_up(epoch)
+            channel._check_open()
+            with self._cond:
+                entries = list(self._entries)
+            if not entries:
+                return
+            current = channel._group.epoch
+            ciphertexts = channel._group.encrypt_batch([e.payload for e in entries])
+            for entry, ct in zip(entries, ciphertexts, strict=True):
+                entry.epoch, entry.ciphertext = current, ct
+            channel._client.state.queue(
+                channel.name, ((e.pos, e.id, e.epoch, e.payload, e.ciphertext) for e in entries)
+            )
+
+    def _drop_all(self, error: SvcError, delete: bool = True) -> None:
+        """Fails every unacknowledged message with ``error`` (raised by the next call).
+        Caller holds _cond; the caller deletes the rows (``retire``) when ``delete``."""
+        if self._entries:
+            log.warning(
+                "channel %s: %d messages not sent: %s",
+                self._channel.name,
+                len(self._entries),
+                error,
+            )
+            self._failed_through = self._entries[-1].pos
+            self._done_through = self._entries[-1].pos
+            self._entries.clear()
+            self._bytes = 0
+            self._deferred = error
+        self._sent = 0
+        self._cond.notify_all()

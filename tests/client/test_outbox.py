@@ -1,0 +1,199 @@
+"""The outbox (issue 17): send() returns once the message is durably queued; the relay
+stores every message whose send() returned exactly once, in order, across kill -9 of the
+sender or the relay. Real processes, real kill -9."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from svc_sdk import outbox
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.errors import TransportError
+from svc_sdk.local_state import LocalState
+from svc_sdk.relay_client import RelayError
+from svc_sdk.testing import LocalStack
+
+from .helpers import client, pair, take
+
+# Bob in his own interpreter: sends KEPT messages that the relay stores but whose
+# acknowledgements never retire them (as if every Reply were lost), then HELD messages
+# that never leave (the pump stops sending), says "sent", and waits for kill -9.
+SENDER = """
+import sys, time
+from svc_sdk import SvcClient, outbox
+from svc_sdk.local_state import LocalState
+relay, data_dir, identity, key, api, name, kept, held = sys.argv[1:]
+LocalState.retire = lambda self, name, through: None  # the acks are "lost"
+client = SvcClient(relay, data_dir, identity.encode(), key, api)
+channel = client.channel(name)
+for i in range(int(kept)):
+    channel.send(f"m{i}".encode())
+deadline = time.monotonic() + 20
+while channel._outbox._done_through < int(kept):  # stored by the relay, still on disk
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+outbox.Outbox._send_more = lambda self, link: time.sleep(0.01)  # nothing leaves any more
+for i in range(int(kept), int(kept) + int(held)):
+    channel.send(f"m{i}".encode())
+print("sent", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sender_killed_with_a_full_outbox_delivers_each_message_once_in_order(
+    stack: LocalStack, ids: Any
+) -> None:
+    """kill -9 of the sender with 20 stored-but-unacknowledged and 20 unsent messages in
+    its outbox, then a commit (the stored ciphertexts are of a past epoch now): after the
+    restart the relay answers the first 20 as repeats (by id, before its epoch check) and
+    stores the other 20, re-encrypted, behind them and before anything sent later."""
+    channel = f"acme/tests/outbox-kill-{time.monotonic_ns()}"
+    ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
+    cb.close()
+    args = [stack.relay_url, str(stack.agent_dir(ids("b"))), ids("b"), stack.api_key]
+    args += [stack.api_url, channel, "20", "20"]
+    sender = subprocess.Popen([sys.executable, "-c", SENDER, *args], stdout=subprocess.PIPE)
+    with ca:
+        try:
+            assert sender.stdout is not None
+            assert sender.stdout.readline().strip() == b"sent"
+        finally:
+            sender.kill()
+            sender.wait(10)
+        state = LocalState(stack.agent_dir(ids("b")))
+        assert len(state.outbox(channel)) == 40
+        state.close()
+        assert take(chan_a, 20) == [f"m{i}".encode() for i in range(20)]
+        chan_a.update_keys()  # a new epoch before bob comes back
+        with client(stack, ids("b")) as again:
+            chan_b = again.channel(channel)
+            assert chan_b.unsent == 40
+            chan_b.send(b"after the restart")
+            chan_b.wait_stored(30)
+            assert chan_b.unsent == 0
+            expected = [f"m{i}".encode() for i in range(20, 40)] + [b"after the restart"]
+            assert take(chan_a, 21) == expected
+            assert chan_a.next_message(0.5) is None, "nothing twice"
+
+
+def test_relay_killed_mid_pipeline_stores_each_message_once_in_order(ids: Any) -> None:
+    with LocalStack() as stack:
+        channel = "acme/tests/outbox-relay-kill"
+        ca, chan_a, cb, chan_b = pair(stack, channel, ids("a"), ids("b"))
+        with ca, cb:
+            sent = 0
+
+            def send_many() -> None:
+                nonlocal sent
+                for i in range(600):
+                    chan_a.send(f"m{i}".encode())
+                    sent += 1
+
+            sender = threading.Thread(target=send_many)
+            sender.start()
+            while sent < 100:
+                time.sleep(0.001)
+            stack.kill()  # SIGKILL with frames in flight
+            stack.restart()
+            sender.join(60)
+            chan_a.wait_stored(60)
+            got = take(chan_b, 600, timeout=30)
+            assert got == [f"m{i}".encode() for i in range(600)]
+            assert chan_b.next_message(0.5) is None
+
+
+def test_many_threads_send_at_once(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        threads = [
+            threading.Thread(
+                target=lambda t=t: [chan_a.send(f"{t}:{i}".encode()) for i in range(150)]
+            )
+            for t in range(8)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        chan_a.wait_stored(30)
+        got = [m.decode().split(":") for m in take(chan_b, 8 * 150)]
+        for t in range(8):
+            assert [int(i) for s, i in got if s == str(t)] == list(range(150)), "in order"
+        assert chan_b.next_message(0.3) is None
+
+
+def test_send_blocks_while_the_outbox_is_full(ids: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outbox, "OUTBOX_MESSAGES", 5)
+    with LocalStack() as stack:
+        ca, chan_a, cb, chan_b = pair(stack, "acme/tests/outbox-full", ids("a"), ids("b"))
+        with ca, cb:
+            stack.kill()
+            ca.timeout = 1.0
+            for i in range(5):
+                chan_a.send(f"m{i}".encode())  # queued while the relay is down
+            with pytest.raises(TransportError, match="outbox is full"):
+                chan_a.send(b"m5")
+            with pytest.raises(TransportError, match="not acknowledged by the relay in time"):
+                chan_a.wait_stored(0.2)
+            assert chan_a.unsent == 5
+            stack.restart()
+            chan_a.wait_stored(30)
+            chan_a.send(b"m5")
+            assert take(chan_b, 6, timeout=30) == [f"m{i}".encode() for i in range(6)]
+
+
+def test_bad_input_at_the_new_entry_points(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    ca, chan_a, cb, _ = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        with pytest.raises(TypeError, match="timeout must be seconds or None"):
+            chan_a.wait_stored("1")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+            chan_a.wait_stored(-1)
+        with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+            chan_a.wait_stored(float("nan"))
+        with pytest.raises(TypeError, match="payload must be bytes"):
+            chan_a.send_batch([b"ok", "text"])  # type: ignore[list-item]
+        assert chan_a.unsent == 0, "nothing of a refused batch was queued"
+        chan_a.wait_stored(0)  # nothing sent: nothing to wait for
+
+        # The relay's side: message ids must be none or one distinct 1-32 byte id each.
+        message = chan_a._group.encrypt(b"x")
+
+        def publish(ids: list[bytes]) -> pb.Reply:
+            frame = pb.Publish(channel=channel_name, message=[message], message_id=ids)
+            try:
+                return ca.link.call(ca.link.request(10, publish=frame), 15)
+            except RelayError as exc:
+                return exc.reply
+
+        for bad in ([b""], [b"x" * 33], [b"a", b"b"]):
+            reply = publish(bad)
+            assert reply.code == 3 and "message_id" in reply.message, bad
+        ok = publish([b"i" * 16])
+        again = publish([b"i" * 16])
+        assert ok.code == again.code == 0 and ok.seq == again.seq
+
+
+def test_sending_stays_ordered_across_reconnects(stack: LocalStack, ids: Any) -> None:
+    """Frames in flight when the connection breaks are not resent by the link out of
+    order: the outbox starts again from the oldest unacknowledged message."""
+    channel = f"acme/tests/outbox-reconnect-{time.monotonic_ns()}"
+    ca, chan_a, cb, chan_b = pair(stack, channel, ids("a"), ids("b"))
+    with ca, cb:
+        for round_ in range(3):
+            for i in range(200):
+                chan_a.send(f"{round_}:{i}".encode())
+                if i == 100:
+                    conn = ca.link._conn
+                    assert conn is not None
+                    ca.link.call(conn.close(), 5)  # the stream breaks mid-pipeline
+            chan_a.wait_stored(30)
+        got = take(chan_b, 600)
+        assert got == [f"{r}:{i}".encode() for r in range(3) for i in range(200)]
+        assert chan_b.next_message(0.3) is None
