@@ -245,9 +245,11 @@ class SvcClient:
             self.wait(self.link.submit(self.link.subscribe(name, cursor, channel, self.timeout)))
         except RelayError as exc:
             self._drop(name)
+            channel._outbox.stop()
             raise relay_error(exc, name) from None
         except BaseException:
             self._drop(name)
+            channel._outbox.stop()
             raise
         return channel
 

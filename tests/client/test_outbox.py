@@ -196,4 +196,9 @@ def test_sending_stays_ordered_across_reconnects(stack: LocalStack, ids: Any) ->
             chan_a.wait_stored(30)
         got = take(chan_b, 600)
         assert got == [f"{r}:{i}".encode() for r in range(3) for i in range(200)]
+        # A frame pinned to an earlier connection never goes out on a later one.
+        frame = pb.Publish(channel=channel, message=[chan_a._group.encrypt(b"never")])
+        stale = ca.link.send_soon(5, pin=ca.link.generation - 1, publish=frame)
+        with pytest.raises(TransportError, match="connection lost before sending"):
+            stale.result(10)
         assert chan_b.next_message(0.3) is None

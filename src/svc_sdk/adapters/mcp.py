@@ -58,7 +58,8 @@ class SvcTransport:
             raise ValueError(f"malformed JSON-RPC frame (seq {message.seq}): {exc}") from None
 
     async def write(self, message: dict[str, Any]) -> None:
-        """Encrypts and sends one JSON-RPC message; returns once the relay stored it."""
+        """Encrypts and sends one JSON-RPC message; returns once it is durably queued in the
+        agent's outbox (the relay stores it in order, in the background; Channel.send)."""
         self._check_open()
         if not isinstance(message, dict):
             raise TypeError(f"a JSON-RPC message is a dict, not {type(message).__name__}")
