@@ -30,7 +30,13 @@ from typing import TYPE_CHECKING
 import grpc
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.errors import ChannelClosedError, SvcError, TransportError, relay_error
+from svc_sdk.errors import (
+    ChannelClosedError,
+    InternalError,
+    SvcError,
+    TransportError,
+    relay_error,
+)
 from svc_sdk.relay_client import RelayError
 
 if TYPE_CHECKING:
@@ -303,9 +309,21 @@ class Outbox:
         if isinstance(error, RelayError) and error.code == STALE:
             try:
                 self._reencrypt(error.reply.epoch)
-            except SvcError as exc:
+            except ChannelClosedError:
+                # Removed (the channel's state, outbox included, is deleted and the
+                # messages failed with the reason) or the client closing (they stay on
+                # disk for the next start).
                 with self._cond:
-                    self._drop_all(exc)
+                    self._stopped = True
+                    self._cond.notify_all()
+                return
+            except TransportError as exc:
+                log.info("channel %s: %s; trying again", channel.name, exc)
+                time.sleep(RETRY_SECONDS)
+            except Exception as exc:
+                failure = exc if isinstance(exc, SvcError) else InternalError(str(exc))
+                with self._cond:
+                    self._drop_all(failure)
                 channel._client.state.retire(channel.name, self._done_through)
         elif isinstance(error, RelayError) and error.code != UNAVAILABLE:
             with self._cond:
