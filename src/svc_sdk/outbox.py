@@ -19,6 +19,7 @@ channel's next send, send_batch or wait_stored call (docs/client.md, Sending).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     import concurrent.futures
 
     from svc_sdk.channel import Channel
+    from svc_sdk.relay_link import RelayLink
 
 log = logging.getLogger("svc_sdk.outbox")
 
@@ -59,6 +61,8 @@ MAX_FRAME_MESSAGES = 1024  # the relay's MAX_PUBLISH_BATCH
 # default); a frame stays under the message limit itself.
 MAX_FRAME_BYTES = 960 * 1024
 RETRY_SECONDS = 0.05
+RETIRE_EVERY = 256
+RETIRE_IDLE_SECONDS = 0.005
 ID_BYTES = 16
 
 
@@ -87,6 +91,7 @@ class Outbox:
         self._deferred: SvcError | None = None  # to raise on the next call
         self._failed_through = 0  # the last pos dropped with _deferred
         self._stopped = False
+        self._retired = self._done_through  # rows deleted up to here
         self._thread: threading.Thread | None = None
         if self._entries:
             self._start()
@@ -135,9 +140,15 @@ class Outbox:
         self._channel._client.state.queue(
             self._channel.name, ((e.pos, e.id, e.epoch, e.payload, e.ciphertext) for e in entries)
         )
+        link = self._channel._client.link
         with self._cond:
             self._entries.extend(entries)
             self._bytes += sum(len(p) for p in payloads)
+            if self._thread is not None and not self._stopped and link.connected:
+                # The fast path: sent from here when the window has room, without waking
+                # the pump (a thread hand-off per message); otherwise the pump sends it
+                # with whatever else waits, in one frame.
+                self._send_locked(link)
             self._cond.notify_all()
         if self._thread is None:
             self._start()
@@ -177,6 +188,19 @@ class Outbox:
             if error is not None and self._entries:
                 self._drop_all(error, delete=False)
             self._cond.notify_all()
+        if error is None:
+            with contextlib.suppress(Exception):  # the state may be closed already
+                self._retire()
+
+    def _retire(self) -> None:
+        """Deletes the rows of what the relay acknowledged (or what failed)."""
+        with self._cond:
+            through = self._done_through
+            if through <= self._retired:
+                return
+        self._channel._client.state.retire(self._channel.name, through)
+        with self._cond:
+            self._retired = max(self._retired, through)
 
     # -- the pump (its own thread) ------------------------------------------------------
 
@@ -203,15 +227,26 @@ class Outbox:
         link = self._channel._client.link
         while True:
             with self._cond:
+                idle = False
                 while not self._stopped and not self._work():
+                    if self._done_through > self._retired and not idle:
+                        # Rows go in one delete per RETIRE_EVERY acknowledged messages, or
+                        # once nothing happened for RETIRE_IDLE_SECONDS: a delete per
+                        # Reply would be a commit per message. A crash before the delete
+                        # resends them, and the relay answers them as repeats.
+                        idle = not self._cond.wait(RETIRE_IDLE_SECONDS)
+                        if idle:
+                            break
+                        continue
                     self._cond.wait(0.5)
                 if self._stopped:
                     return
-                retired = self._collect()
-            if retired:
-                self._channel._client.state.retire(self._channel.name, retired)
-                with self._cond:
-                    self._cond.notify_all()
+                self._collect()
+                due = self._done_through > self._retired and (
+                    idle or self._done_through - self._retired >= RETIRE_EVERY
+                )
+            if due:
+                self._retire()
             with self._cond:
                 halted = self._halted if not self._inflight else None
             if halted is not None:
@@ -250,57 +285,59 @@ class Outbox:
             self._sent = 0
         return retired
 
-    def _send_more(self, link: object) -> None:
-        from svc_sdk.relay_link import RelayLink
-
-        assert isinstance(link, RelayLink)
+    def _send_more(self, link: RelayLink) -> None:
         if not link.connected:
             time.sleep(RETRY_SECONDS)
             return
+        with self._cond:
+            self._send_locked(link)
+
+    def _send_locked(self, link: RelayLink) -> None:
+        """Sends what is unsent, as far as the window and the one-epoch rule allow.
+        Caller holds _cond (so frames are queued in position order)."""
         generation = link.generation
         channel = self._channel.name
         frames: list[list[Entry]] = []
-        with self._cond:
-            if self._halted is not None or not self._entries:
-                return
-            epoch = self._entries[0].epoch
-            index = self._sent
-            room = WINDOW - len(self._inflight)
-            while index < len(self._entries) and len(frames) < room:
-                frame: list[Entry] = []
-                size = 0
-                while index < len(self._entries):
-                    entry = self._entries[index]
-                    if entry.epoch != epoch:
-                        break  # never two epochs in flight: the older may come back stale
-                    if frame and (
-                        len(frame) >= MAX_FRAME_MESSAGES
-                        or size + len(entry.ciphertext) > MAX_FRAME_BYTES
-                    ):
-                        break
-                    frame.append(entry)
-                    size += len(entry.ciphertext)
-                    index += 1
-                if not frame:
+        if self._halted is not None or not self._entries:
+            return
+        epoch = self._entries[0].epoch
+        index = self._sent
+        room = WINDOW - len(self._inflight)
+        while index < len(self._entries) and len(frames) < room:
+            frame: list[Entry] = []
+            size = 0
+            while index < len(self._entries):
+                entry = self._entries[index]
+                if entry.epoch != epoch:
+                    break  # never two epochs in flight: the older may come back stale
+                if frame and (
+                    len(frame) >= MAX_FRAME_MESSAGES
+                    or size + len(entry.ciphertext) > MAX_FRAME_BYTES
+                ):
                     break
-                frames.append(frame)
-            for frame in frames:
-                try:
-                    future = link.send_soon(
-                        self._channel._client.timeout,
-                        pin=generation,
-                        publish=pb.Publish(
-                            channel=channel,
-                            message=[e.ciphertext for e in frame],
-                            message_id=[e.id for e in frame],
-                        ),
-                    )
-                except ChannelClosedError:
-                    self._stopped = True
-                    return
-                self._inflight.append((len(frame), future))
-                self._sent += len(frame)
-                future.add_done_callback(self._settled)
+                frame.append(entry)
+                size += len(entry.ciphertext)
+                index += 1
+            if not frame:
+                break
+            frames.append(frame)
+        for frame in frames:
+            try:
+                future = link.send_soon(
+                    self._channel._client.timeout,
+                    pin=generation,
+                    publish=pb.Publish(
+                        channel=channel,
+                        message=[e.ciphertext for e in frame],
+                        message_id=[e.id for e in frame],
+                    ),
+                )
+            except ChannelClosedError:
+                self._stopped = True
+                return
+            self._inflight.append((len(frame), future))
+            self._sent += len(frame)
+            future.add_done_callback(self._settled)
 
     def _recover(self, error: BaseException) -> None:
         """Every frame in flight settled and one failed: the next round starts from the
@@ -324,11 +361,11 @@ class Outbox:
                 failure = exc if isinstance(exc, SvcError) else InternalError(str(exc))
                 with self._cond:
                     self._drop_all(failure)
-                channel._client.state.retire(channel.name, self._done_through)
+                self._retire()
         elif isinstance(error, RelayError) and error.code != UNAVAILABLE:
             with self._cond:
                 self._drop_all(relay_error(error, channel.name))
-            channel._client.state.retire(channel.name, self._done_through)
+            self._retire()
         elif isinstance(error, ChannelClosedError):
             with self._cond:
                 self._stopped = True
