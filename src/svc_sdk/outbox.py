@@ -4,9 +4,10 @@
 to the outbox table in ``client.sqlite3`` and returns; when nothing older waits and the
 window has room it also queues the frame itself. A pump thread per channel sends the rest
 in order, coalescing whatever is waiting into Publish frames and keeping several frames
-in flight; each Reply retires its messages (their rows are deleted in batches). Every message carries
-a random 16-byte id, and the relay stores an id at most once per sender and channel, so
-resending after a lost connection, a failover or a restart never duplicates.
+in flight; each Reply retires its messages (their rows are deleted in batches). Every
+message carries a random 16-byte id, and the relay stores an id at most once per sender
+and channel, so resending after a lost connection, a failover or a restart never
+duplicates.
 
 Ordering: frames go out pinned to one connection (``RelayLink.send_soon(pin=...)``); when
 any frame fails, nothing more is sent until every frame in flight has settled, and then
