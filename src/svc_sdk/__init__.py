@@ -30,6 +30,7 @@ from svc_sdk.errors import (
     SvcError,
     TransportError,
 )
+from svc_sdk.health import ChannelHealth, ClientHealth
 from svc_sdk.manager import SvcChannelManager
 
 if TYPE_CHECKING:
@@ -70,9 +71,11 @@ __all__ = [
     "Channel",
     "ChannelClosedError",
     "ChannelEvent",
+    "ChannelHealth",
     "ChannelMember",
     "ChannelNameError",
     "ChannelSummary",
+    "ClientHealth",
     "Envelope",
     "InternalError",
     "InviteError",

@@ -41,6 +41,7 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
+from svc_sdk.health import ChannelHealth
 from svc_sdk.relay_client import RelayError
 
 if TYPE_CHECKING:
@@ -150,6 +151,9 @@ class Channel:
         self._unflushed: list[int] = []
         self._flushed_at = time.monotonic()
         self._flush_error: InternalError | None = None  # the last record of reads failed
+        # The standing fault of storing what was received, and since when (see health()).
+        self._store_error: InternalError | None = None
+        self._failing_since: float | None = None
         self._join_requests: list[tuple[bytes, bytes]] = []
         self._proposals = False
         self._in_commit = False
@@ -449,10 +453,33 @@ class Channel:
                 f"channel {self.name!r}: could not record which messages were read ({exc}); "
                 "retried on the next read"
             )
+            self._failing_since = self._failing_since or time.time()
             log.warning("%s", self._flush_error)
             return
         self._flush_error = None
+        if self._store_error is None:
+            self._failing_since = None
         self._saved_cursor = cursor
+
+    def health(self) -> ChannelHealth:
+        """Whether this channel stores what it receives, and what waits: a standing
+        storage fault shows here until storing works again (the reading calls raise it
+        too), so an application learns of a full disk without reading a log.
+
+        >>> if not channel.health().ok:
+        ...     alert(channel.health().storage_error)
+        """
+        fault = self._store_error or self._flush_error
+        with self._cond:
+            backlog, unread, closed = len(self._raw), len(self._plain), self._closed
+        return ChannelHealth(
+            name=self.name,
+            storage_error=None if fault is None else str(fault),
+            failing_since=None if fault is None else self._failing_since,
+            backlog=backlog,
+            unread=unread,
+            closed=None if closed is None else str(closed),
+        )
 
     def flush(self, *, if_due: bool = False) -> None:
         """Records which messages were read and how far the channel was handled (also
@@ -517,7 +544,7 @@ class Channel:
         processes them again."""
         progress = _Progress()
         try:
-            return self._handle_items(items, reader, limit, progress)
+            handed = self._handle_items(items, reader, limit, progress)
         except (InternalError, sqlite3.Error, OSError) as exc:
             rest = items[progress.durable :]
             with contextlib.suppress(InternalError, MlsError):
@@ -525,11 +552,18 @@ class Channel:
             with self._cond:
                 self._raw.extendleft(reversed(rest))
             detail = str(exc).removeprefix("runtime error: ")
-            raise InternalError(
+            error = InternalError(
                 f"channel {self.name!r}: could not store what it received ({detail}); "
                 f"nothing is lost: {len(rest)} deliveries are processed again once storage "
                 "works"
-            ) from None
+            )
+            self._store_error = error
+            self._failing_since = self._failing_since or time.time()
+            raise error from None
+        self._store_error = None
+        if self._flush_error is None:
+            self._failing_since = None
+        return handed
 
     def _handle_items(
         self,

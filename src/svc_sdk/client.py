@@ -32,6 +32,7 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
+from svc_sdk.health import ClientHealth
 from svc_sdk.local_state import LocalState
 from svc_sdk.names import check_channel_name
 from svc_sdk.relay_client import RelayError
@@ -334,6 +335,22 @@ class SvcClient:
         """Names of the channels this agent is in."""
         with self._lock:
             return sorted(self._channels)
+
+    def health(self) -> ClientHealth:
+        """The relay link and every channel, as of the call: whether the agent is
+        connected and stores what it receives. A storage fault (disk full, I/O error)
+        stands here until storing works again, while nothing received is lost.
+
+        >>> client.health().storage_errors  # {} while every channel stores what it gets
+        {}
+        """
+        with self._lock:
+            channels = [self._channels[name] for name in sorted(self._channels)]
+        return ClientHealth(
+            connected=self.link.connected,
+            relay=self.link.endpoint,
+            channels=tuple(channel.health() for channel in channels),
+        )
 
     def invite(self, channel: str, max_uses: int = 1, ttl: int = 3600) -> str:
         """An invite token (``svc_inv_…``) for ``channel``, redeemable ``max_uses`` times
