@@ -18,6 +18,7 @@ Commits follow mls-rs's explicit states: a commit is pending until the relay acc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import sqlite3
@@ -147,6 +148,8 @@ class Channel:
             Message(name, seq, AgentId.from_member_id(sender), data) for seq, sender, data in inbox
         )
         self._closed: SvcError | None = None
+        # Readers on event loops (svc_sdk.aio), woken with the threads (see _notify).
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         # Sequence numbers read but not yet deleted from the inbox (see _mark_consumed).
         self._unflushed: list[int] = []
         self._flushed_at = time.monotonic()
@@ -169,7 +172,17 @@ class Channel:
     def _deliver(self, items: list[pb.Delivery]) -> None:
         with self._cond:
             self._raw.extend(items)
-            self._cond.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        """Wakes every waiting reader: threads, and tasks on event loops (each woken on
+        its own loop; a loop that closed meanwhile has no reader left). Caller holds
+        ``_cond``."""
+        self._cond.notify_all()
+        waiters, self._async_waiters = self._async_waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake, future)
 
     def _failed(self, error: SvcError) -> None:
         log.warning("channel %s: %s", self.name, error)
@@ -232,7 +245,7 @@ class Channel:
         with self._cond:
             if self._closed is None:
                 self._closed = reason
-            self._cond.notify_all()
+            self._notify()
 
     # -- sending -----------------------------------------------------------------------
 
@@ -495,16 +508,25 @@ class Channel:
         """Processes deliveries on behalf of a waiting reader until some are for it: up
         to ``limit`` of those are handed to it and never written to the inbox. Later
         deliveries stay queued for the next read, still encrypted."""
-        reader: Accept = accept or _any
         with self._lock:
-            handed: list[Message] = []
-            while not handed and self._closed is None:
-                items = self._take_raw()
-                if not items:
-                    break
-                handed = self._handle(items, reader, limit)
+            handed = self._process_locked(accept, limit)
         self._do_pending_work()
         return handed
+
+    def _process_locked(self, accept: Accept | None, limit: int | None) -> list[Message]:
+        """The part of ``_process_for`` that needs no relay. Caller holds ``_lock``."""
+        reader: Accept = accept or _any
+        handed: list[Message] = []
+        while not handed and self._closed is None:
+            items = self._take_raw()
+            if not items:
+                break
+            handed = self._handle(items, reader, limit)
+        return handed
+
+    def _has_pending_work(self) -> bool:
+        """Whether ``_do_pending_work`` has commits to make (they need the relay)."""
+        return bool(self._join_requests or self._proposals) and self._closed is None
 
     def _process_pending(self) -> None:
         """Processes everything the relay delivered so far (commits, messages, join
@@ -620,7 +642,7 @@ class Channel:
             if stored:
                 with self._cond:
                     self._plain.extend(received[:stored])
-                    self._cond.notify_all()
+                    self._notify()
                 received, stored = received[stored:], 0
 
         for index, item in enumerate(items):
@@ -671,7 +693,7 @@ class Channel:
         with self._cond:
             self._plain.extend(received)
             if received:
-                self._cond.notify_all()
+                self._notify()
         if removed:
             self._client._forget(self, ChannelClosedError(f"removed from channel {self.name!r}"))
         return handed
@@ -897,6 +919,11 @@ class _Progress:
 
 def _any(message: Message) -> bool:
     return True
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _check_wait(timeout: object, accept: object) -> None:
