@@ -14,7 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from svc_sdk.agent_id import AgentId
-from svc_sdk.aio import AsyncChannel, AsyncSvcClient
+from svc_sdk.aio import AsyncChannel, AsyncSvcChannelManager, AsyncSvcClient
 from svc_sdk.audit import ChannelEvent, ChannelMember, ChannelSummary
 from svc_sdk.channel import Channel, Message, MessageIterator
 from svc_sdk.client import SvcClient
@@ -69,6 +69,7 @@ __all__ = [
     "AccessError",
     "AgentId",
     "AsyncChannel",
+    "AsyncSvcChannelManager",
     "AsyncSvcClient",
     "AuthError",
     "Channel",

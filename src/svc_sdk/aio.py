@@ -35,9 +35,13 @@ from svc_sdk.channel import (
     Channel,
     Message,
     _check_wait,
+    _wake,
 )
 from svc_sdk.client import SvcClient
+from svc_sdk.envelope import Envelope
+from svc_sdk.errors import ChannelClosedError
 from svc_sdk.health import ChannelHealth, ClientHealth
+from svc_sdk.manager import SvcChannelManager, to_envelope
 
 # While another thread holds the channel's lock (a commit waiting for the relay), a
 # task polls for it at this interval instead of blocking its loop.
@@ -148,11 +152,13 @@ class AsyncChannel:
                     waiter = loop.create_future()
                     channel._async_waiters.append((loop, waiter))
             if waiter is not None:
+                # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that meets
+                # the wake-up, and a cancelled caller would drop what we return.
+                timer = loop.call_later(wait, _wake, waiter)
                 try:
-                    await asyncio.wait_for(waiter, wait)
-                except TimeoutError:
-                    pass
+                    await waiter
                 finally:
+                    timer.cancel()
                     with channel._cond:
                         if (loop, waiter) in channel._async_waiters:
                             channel._async_waiters.remove((loop, waiter))
@@ -252,6 +258,102 @@ class AsyncSvcClient:
         await anyio.to_thread.run_sync(self.client.close)
 
     async def __aenter__(self) -> AsyncSvcClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class AsyncSvcChannelManager:
+    """A :class:`SvcChannelManager` for coroutines: the same channels and listeners,
+    read on the caller's loop. ``connect`` takes the manager's arguments; or wrap one:
+    ``AsyncSvcChannelManager(manager)``.
+
+    >>> async with await AsyncSvcChannelManager.connect("alice") as alice:
+    ...     await alice.create("acme/support/triage")
+    ...     print(await alice.receive("acme/support/triage", timeout=5.0))
+    """
+
+    def __init__(self, manager: SvcChannelManager) -> None:
+        self.manager = manager
+
+    @classmethod
+    async def connect(cls, *args: Any, **kwargs: Any) -> AsyncSvcChannelManager:
+        """Opens the agent (in a worker thread, once); see :class:`SvcChannelManager`."""
+        manager = await anyio.to_thread.run_sync(lambda: SvcChannelManager(*args, **kwargs))
+        return cls(manager)
+
+    @property
+    def agent_id(self) -> AgentId:
+        """This agent as channel members see it: its account and identity."""
+        return self.manager.agent_id
+
+    def list_channels(self) -> list[str]:
+        """Names of all channels this agent is in."""
+        return self.manager.list_channels()
+
+    def members(self, channel_name: str) -> list[AgentId]:
+        """See :meth:`SvcChannelManager.members`."""
+        return self.manager.members(channel_name)
+
+    def health(self) -> ClientHealth:
+        """See :meth:`SvcChannelManager.health`."""
+        return self.manager.health()
+
+    def channel(self, channel_name: str) -> AsyncChannel:
+        """The channel's :class:`AsyncChannel` (ChannelClosedError if not in it)."""
+        return AsyncChannel(self.manager._channel(channel_name))
+
+    # -- reading on the loop -----------------------------------------------------------
+
+    async def receive(self, channel_name: str, timeout: float = 5.0) -> list[str]:
+        """See :meth:`SvcChannelManager.receive`."""
+        taken = await self.receive_messages(channel_name, timeout)
+        return [m.data.decode(errors="replace") for m in taken]
+
+    async def receive_messages(
+        self, channel_name: str, timeout: float = 5.0, *, accept: Accept | None = None
+    ) -> list[Message]:
+        """See :meth:`SvcChannelManager.receive_messages`."""
+        channel = self.manager._channel(channel_name)
+        taken = await AsyncChannel(channel).next_messages(timeout, accept)
+        if not taken and channel.closed and channel_name not in self.manager.list_channels():
+            raise ChannelClosedError(f"no longer in channel {channel_name!r}")
+        return taken
+
+    async def receive_envelopes(self, channel_name: str, timeout: float = 5.0) -> list[Envelope]:
+        """See :meth:`SvcChannelManager.receive_envelopes`."""
+        return [to_envelope(m) for m in await self.receive_messages(channel_name, timeout)]
+
+    # -- membership and invites: in a worker thread ------------------------------------
+
+    async def create(self, channel_name: str) -> None:
+        """See :meth:`SvcChannelManager.create`."""
+        await anyio.to_thread.run_sync(self.manager.create, channel_name)
+
+    async def invite(self, channel_name: str, max_uses: int = 1, ttl: int = 3600) -> str:
+        """See :meth:`SvcChannelManager.invite`."""
+        return await anyio.to_thread.run_sync(self.manager.invite, channel_name, max_uses, ttl)
+
+    async def join_with_token(self, channel_name: str, token: str, timeout: float = 60.0) -> None:
+        """See :meth:`SvcChannelManager.join_with_token`."""
+        await anyio.to_thread.run_sync(self.manager.join_with_token, channel_name, token, timeout)
+
+    async def remove_member(self, channel_name: str, member: AgentId | bytes | str) -> None:
+        """See :meth:`SvcChannelManager.remove_member`."""
+        await anyio.to_thread.run_sync(self.manager.remove_member, channel_name, member)
+
+    async def leave(self, channel_name: str) -> None:
+        """See :meth:`SvcChannelManager.leave`."""
+        await anyio.to_thread.run_sync(self.manager.leave, channel_name)
+
+    async def aclose(self) -> None:
+        """Closes the manager (see :meth:`SvcChannelManager.close`)."""
+        await anyio.to_thread.run_sync(self.manager.close)
+
+    async def __aenter__(self) -> AsyncSvcChannelManager:
         return self
 
     async def __aexit__(

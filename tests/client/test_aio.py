@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from svc_sdk import AsyncChannel, AsyncSvcClient, ChannelClosedError
+from svc_sdk import (
+    AsyncChannel,
+    AsyncSvcChannelManager,
+    AsyncSvcClient,
+    ChannelClosedError,
+    Envelope,
+    Protocol,
+)
 from svc_sdk.testing import LocalStack
 
 from .helpers import pair
@@ -173,3 +180,35 @@ def test_the_async_client_end_to_end(stack: LocalStack, channel_name: str, ids: 
             joined.channel.send(b"after")
 
     asyncio.run(main())
+
+
+def test_the_async_manager_reads_on_the_loop(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    async def main() -> None:
+        alice = AsyncSvcChannelManager(stack.manager(ids("alice")))
+        bob = AsyncSvcChannelManager(stack.manager(ids("bob")))
+        async with alice, bob:
+            await alice.create(channel_name)
+            await bob.join_with_token(channel_name, await alice.invite(channel_name), 15)
+            assert set(bob.members(channel_name)) == {alice.agent_id, bob.agent_id}
+            assert await bob.receive(channel_name, timeout=0.2) == []
+            alice.manager.send(channel_name, "hello")
+            assert await bob.receive(channel_name, timeout=10) == ["hello"]
+            alice.manager.send_envelope(
+                channel_name, Envelope(Protocol.MCP, "application/json", b"{}")
+            )
+            [envelope] = await bob.receive_envelopes(channel_name, timeout=10)
+            assert (envelope.protocol, envelope.payload) == (Protocol.MCP, b"{}")
+            assert bob.health().ok
+            await alice.remove_member(channel_name, bob.agent_id)
+            with pytest.raises(ChannelClosedError):
+                await until_closed(bob, channel_name)
+
+    asyncio.run(main())
+
+
+async def until_closed(manager: AsyncSvcChannelManager, channel_name: str) -> None:
+    """Reads until the removal reaches this agent (ChannelClosedError)."""
+    for _ in range(50):
+        await manager.receive(channel_name, timeout=0.2)
