@@ -29,14 +29,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from svc_sdk._native import Group, MlsError, PendingCommit, PolicyError, inspect
+from svc_sdk._native import Group, PendingCommit, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import (
     AccessError,
     ChannelClosedError,
     InternalError,
+    MlsError,
     PayloadTooLargeError,
+    PolicyError,
     SvcError,
     TransportError,
     relay_error,
@@ -653,7 +655,7 @@ class Channel:
         kp = bytes(key_package)
         info = inspect(kp)
         if info.wire_format != "key_package":
-            raise MlsError(f"MLS engine error: expected a key package, got a {info.wire_format}")
+            raise MlsError(f"expected a key package, got a {info.wire_format}")
         pending = self._commit(lambda: self._group.add_members([kp]))
         assert pending is not None and pending.welcome is not None
         return pending.welcome
@@ -675,11 +677,11 @@ class Channel:
         found = [m for m in self.members() if m.identity == identity]
         if len(found) > 1:
             raise MlsError(
-                f"MLS engine error: {identity!r} names {len(found)} members of different "
+                f"{identity!r} names {len(found)} members of different "
                 f"accounts ({', '.join(map(str, found))}); pass the AgentId"
             )
         if not found:
-            raise MlsError(f"MLS engine error: {identity!r} is not a member of this channel")
+            raise MlsError(f"{identity!r} is not a member of this channel")
         return found[0].member_id
 
     def update_keys(self) -> None:
@@ -827,7 +829,7 @@ class Channel:
                     break
             if self._proposals and self._closed is None:
                 self._commit(self._commit_proposals)
-        except (SvcError, MlsError) as exc:
+        except SvcError as exc:  # MlsError included
             log.warning("channel %s: %s", self.name, exc)
 
     def _next_admission(self) -> PendingCommit | None:
