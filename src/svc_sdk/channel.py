@@ -155,9 +155,6 @@ class Channel:
         self._join_requests: list[tuple[bytes, bytes]] = []
         self._proposals = False
         self._in_commit = False
-        #: Add agents whose invite redemption reaches the channel (see join_with_token), when
-        #: this agent is the channel's owner or an admin.
-        self.auto_admit = True
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r})"
@@ -364,21 +361,6 @@ class Channel:
                 with self._cond:
                     self._mark_consumed(handed, stored=False)
                 return handed
-
-    def take_buffered(self, accept: Accept | None = None) -> list[Message]:
-        """Every message already decrypted and waiting (that ``accept`` returns true
-        for), without blocking."""
-        with self._cond:
-            if accept is None:
-                taken = list(self._plain)
-                self._plain.clear()
-            else:
-                taken = [m for m in self._plain if accept(m)]
-                if taken:
-                    self._plain = deque(m for m in self._plain if not accept(m))
-            if taken:
-                self._mark_consumed(taken)
-            return taken
 
     def _pop(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Takes up to ``limit`` buffered messages that ``accept`` wants, in order."""
@@ -596,8 +578,9 @@ class Channel:
                 break
             if item.message[2:4] == KEY_PACKAGE:
                 flush_run()
-                if self.auto_admit:
-                    self._join_requests.append((item.sender, item.message))
+                # An invite redemption: its agent is added if this one is the owner or an
+                # admin (_next_admission; see join_with_token).
+                self._join_requests.append((item.sender, item.message))
                 continue
             if item.epoch < self._joined_epoch:
                 continue  # from before this agent joined
