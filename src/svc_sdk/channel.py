@@ -438,15 +438,20 @@ class Channel:
         self._flush_error = None
         self._saved_cursor = cursor
 
-    def flush(self, *, if_due: bool = False) -> None:
-        """Records which messages were read and how far the channel was handled (also
-        done by close() and by waiting readers). With ``if_due``, only when the last
-        record is older than CONSUMED_FLUSH_SECONDS."""
+    def flush(self) -> None:
+        """Records now which messages were read and how far the channel was handled (also
+        done by close() and by waiting readers); InternalError if the write fails."""
         with self._cond:
-            if not if_due or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
+            self._flush_consumed()
+            if self._flush_error is not None:
+                raise self._flush_error
+
+    def _flush_if_due(self) -> None:
+        """For the manager's idle listeners: records reads when the last record is older
+        than CONSUMED_FLUSH_SECONDS. A failure is logged and retried on the next one."""
+        with self._cond:
+            if time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
                 self._flush_consumed()
-                if self._flush_error is not None and not if_due:
-                    raise self._flush_error
 
     def _process_for(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Processes deliveries on behalf of a waiting reader until some are for it: up
