@@ -30,14 +30,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from svc_sdk._native import Group, MlsError, PendingCommit, PolicyError, inspect
+from svc_sdk._native import Group, PendingCommit, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import (
     AccessError,
     ChannelClosedError,
     InternalError,
+    MlsError,
     PayloadTooLargeError,
+    PolicyError,
     SvcError,
     TransportError,
     relay_error,
@@ -160,9 +162,6 @@ class Channel:
         self._join_requests: list[tuple[bytes, bytes]] = []
         self._proposals = False
         self._in_commit = False
-        #: Add agents whose invite redemption reaches the channel (see join_with_token), when
-        #: this agent is the channel's owner or an admin.
-        self.auto_admit = True
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r})"
@@ -380,21 +379,6 @@ class Channel:
                     self._mark_consumed(handed, stored=False)
                 return handed
 
-    def take_buffered(self, accept: Accept | None = None) -> list[Message]:
-        """Every message already decrypted and waiting (that ``accept`` returns true
-        for), without blocking."""
-        with self._cond:
-            if accept is None:
-                taken = list(self._plain)
-                self._plain.clear()
-            else:
-                taken = [m for m in self._plain if accept(m)]
-                if taken:
-                    self._plain = deque(m for m in self._plain if not accept(m))
-            if taken:
-                self._mark_consumed(taken)
-            return taken
-
     def _pop(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Takes up to ``limit`` buffered messages that ``accept`` wants, in order."""
         plain = self._plain
@@ -494,15 +478,20 @@ class Channel:
             closed=None if closed is None else str(closed),
         )
 
-    def flush(self, *, if_due: bool = False) -> None:
-        """Records which messages were read and how far the channel was handled (also
-        done by close() and by waiting readers). With ``if_due``, only when the last
-        record is older than CONSUMED_FLUSH_SECONDS."""
+    def flush(self) -> None:
+        """Records now which messages were read and how far the channel was handled (also
+        done by close() and by waiting readers); InternalError if the write fails."""
         with self._cond:
-            if not if_due or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
+            self._flush_consumed()
+            if self._flush_error is not None:
+                raise self._flush_error
+
+    def _flush_if_due(self) -> None:
+        """For the manager's idle listeners: records reads when the last record is older
+        than CONSUMED_FLUSH_SECONDS. A failure is logged and retried on the next one."""
+        with self._cond:
+            if time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
                 self._flush_consumed()
-                if self._flush_error is not None and not if_due:
-                    raise self._flush_error
 
     def _process_for(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Processes deliveries on behalf of a waiting reader until some are for it: up
@@ -650,8 +639,9 @@ class Channel:
                 break
             if item.message[2:4] == KEY_PACKAGE:
                 flush_run()
-                if self.auto_admit:
-                    self._join_requests.append((item.sender, item.message))
+                # An invite redemption: its agent is added if this one is the owner or an
+                # admin (_next_admission; see join_with_token).
+                self._join_requests.append((item.sender, item.message))
                 continue
             if item.epoch < self._joined_epoch:
                 continue  # from before this agent joined
@@ -709,7 +699,7 @@ class Channel:
         kp = bytes(key_package)
         info = inspect(kp)
         if info.wire_format != "key_package":
-            raise MlsError(f"MLS engine error: expected a key package, got a {info.wire_format}")
+            raise MlsError(f"expected a key package, got a {info.wire_format}")
         pending = self._commit(lambda: self._group.add_members([kp]))
         assert pending is not None and pending.welcome is not None
         return pending.welcome
@@ -731,11 +721,11 @@ class Channel:
         found = [m for m in self.members() if m.identity == identity]
         if len(found) > 1:
             raise MlsError(
-                f"MLS engine error: {identity!r} names {len(found)} members of different "
+                f"{identity!r} names {len(found)} members of different "
                 f"accounts ({', '.join(map(str, found))}); pass the AgentId"
             )
         if not found:
-            raise MlsError(f"MLS engine error: {identity!r} is not a member of this channel")
+            raise MlsError(f"{identity!r} is not a member of this channel")
         return found[0].member_id
 
     def update_keys(self) -> None:
@@ -883,7 +873,7 @@ class Channel:
                     break
             if self._proposals and self._closed is None:
                 self._commit(self._commit_proposals)
-        except (SvcError, MlsError) as exc:
+        except SvcError as exc:  # MlsError included
             log.warning("channel %s: %s", self.name, exc)
 
     def _next_admission(self) -> PendingCommit | None:

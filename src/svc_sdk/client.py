@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from svc_sdk._native import Engine, MlsError
+from svc_sdk._native import Engine
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.api_client import ApiClient
@@ -28,6 +28,7 @@ from svc_sdk.errors import (
     AuthError,
     ChannelClosedError,
     InviteError,
+    MlsError,
     SvcError,
     TransportError,
     relay_error,
@@ -183,7 +184,7 @@ class SvcClient:
         for channel in channels:
             try:
                 channel.update_keys()
-            except (SvcError, MlsError) as exc:
+            except SvcError as exc:  # MlsError included
                 if not self._closed:
                     log.warning(
                         "channel %s: renewed credential not committed yet: %s", channel.name, exc
@@ -195,7 +196,7 @@ class SvcClient:
         while not self._stop.wait(max(0.0, self._renewal_due() - time.time())):
             try:
                 self._ensure_credential(force=True)
-            except (SvcError, MlsError) as exc:
+            except SvcError as exc:  # MlsError included
                 log.warning(
                     "credential renewal failed (%s); next try in %g s", exc, RENEW_RETRY_SECONDS
                 )
@@ -307,12 +308,12 @@ class SvcClient:
             raise TypeError("welcome must be bytes")
         with self._lock:
             if name in self._channels:
-                raise MlsError(f"MLS engine error: already a member of channel {name!r}")
+                raise MlsError(f"already a member of channel {name!r}")
         group = self.engine.join_group(bytes(welcome))
         if group.group_id != name.encode():
             self.engine.delete_group(group.group_id)
             raise MlsError(
-                f"MLS engine error: the Welcome is for channel "
+                f"the Welcome is for channel "
                 f"{group.group_id.decode(errors='replace')!r}, not {name!r}"
             )
         epoch = group.epoch

@@ -123,7 +123,7 @@ class SvcChannelManager:
             try:
                 channel._wait_for_deliveries(STOP_POLL)
                 channel._process_pending()
-                channel.flush(if_due=True)  # what readers took, recorded while idle
+                channel._flush_if_due()  # what readers took, recorded while idle
                 if fault:
                     log.warning("channel %s: storing works again", channel.name)
                     fault = ""
