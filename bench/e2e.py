@@ -24,10 +24,10 @@ LD_PRELOAD shim (``bench/nodelay/nodelay_shim.c``, compiled here with gcc) force
 for SLIM's processes; and the uniffi bindings' byte-by-byte copy of every outgoing
 payload is replaced by one memmove (``--slim-stock-ffi`` keeps the stock copy).
 
-``--async`` adds rows for svc's asyncio API (``await channel.send``, ``async for``); while
-the SDK has none they read "n/a (no async API)". SLIM's API is async only; its rows use
-the same async loops (:func:`drive_async`, :func:`serve_async`) that svc's async rows
-will use.
+``--async`` adds a column for svc's asyncio API (``svc_sdk.aio``: ``await channel.send``,
+``async for payload in channel.messages()``), each agent on ``asyncio.run``'s loop; while
+the SDK lacks part of it the column says what, "n/a (no async send())". SLIM's API is
+async only: its column uses the same loops (:func:`drive_async`, :func:`serve_async`).
 
 Prints one markdown table: svc, SLIM and the issue's target side by side, medians of
 ``--runs`` runs, then each run's figures. Not part of the test suite.
@@ -44,7 +44,6 @@ import inspect
 import json
 import multiprocessing as mp
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -250,7 +249,9 @@ async def drive_async(
 
 
 def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS. Not ru_maxrss: Linux carries that across exec, so a child
+    would report at least what its parent held when it started the child."""
+    return _vmhwm_mib("self") or 0.0
 
 
 # -- svc ------------------------------------------------------------------------------
@@ -286,23 +287,65 @@ def svc_sender(stack: dict[str, str], channel: str, plan: Plan, conn: Any) -> No
 
 
 def svc_async_api() -> str | None:
-    """What of an asyncio API the installed SDK has (None: nothing).
+    """Why svc's asyncio API cannot run this benchmark (None: it can): it needs
+    ``svc_sdk.aio.AsyncSvcClient`` and an ``AsyncChannel`` with ``await send()`` and
+    ``async for`` over ``messages()``."""
+    try:
+        aio = importlib.import_module("svc_sdk.aio")
+    except ImportError:
+        return "no async API"
+    channel = getattr(aio, "AsyncChannel", None)
+    if channel is None or not hasattr(aio, "AsyncSvcClient"):
+        return "no async API"
+    if not inspect.iscoroutinefunction(getattr(channel, "send", None)):
+        return "no async send()"
+    return None
 
-    When it lands, write ``svc_async_sender``/``svc_async_receiver`` beside the blocking
-    ones above — the agent set up with the async client, then ``drive_async(channel.send,
-    aiter(channel.messages(timeout=...)), plan)`` and ``serve_async(...)`` — and run them
-    from :func:`svc_run`. Until then the async rows read "n/a (no async API)"."""
-    import svc_sdk
-    from svc_sdk import Channel
 
-    if inspect.iscoroutinefunction(Channel.send):
-        return "Channel.send is a coroutine function"
-    names = [n for n in dir(svc_sdk) if n.startswith("Async")]
-    return f"svc_sdk.{names[0]}" if names else None
+# The asyncio API is reached through importlib (an Any): the benchmark type-checks
+# against SDKs without it, or without all of it.
 
 
-def svc_run(plan: Plan) -> dict[str, Any]:
-    """One run through a fresh ``svc up``: sender and receiver in their own processes."""
+def svc_async_receiver(stack: dict[str, str], channel: str, conn: Any) -> None:
+    asyncio.run(_svc_async_receiver(stack, channel, conn))
+
+
+async def _svc_async_receiver(stack: dict[str, str], channel: str, conn: Any) -> None:
+    aio = importlib.import_module("svc_sdk.aio")
+    with tempfile.TemporaryDirectory() as root:
+        client = await aio.AsyncSvcClient.connect(
+            stack["relay"], root, b"receiver", stack["key"], stack["api"]
+        )
+        conn.send(client.generate_key_package())
+        chan = await client.join_channel(channel, conn.recv())
+        conn.send("ready")
+        await serve_async(chan.messages(timeout=300), chan.send)
+        await client.aclose()
+    conn.send({"maxrss_mib": _peak_rss_mib()})
+
+
+def svc_async_sender(stack: dict[str, str], channel: str, plan: Plan, conn: Any) -> None:
+    asyncio.run(_svc_async_sender(stack, channel, plan, conn))
+
+
+async def _svc_async_sender(stack: dict[str, str], channel: str, plan: Plan, conn: Any) -> None:
+    aio = importlib.import_module("svc_sdk.aio")
+    with tempfile.TemporaryDirectory() as root:
+        client = await aio.AsyncSvcClient.connect(
+            stack["relay"], root, b"sender", stack["key"], stack["api"]
+        )
+        chan = await client.create_channel(channel)
+        conn.send(await chan.add_member(conn.recv()))
+        assert conn.recv() == "go"
+        result = await drive_async(chan.send, chan.messages(timeout=plan.timeout), plan)
+        await client.aclose()
+    result["maxrss_mib"] = _peak_rss_mib()
+    conn.send(result)
+
+
+def svc_run(plan: Plan, use_async: bool = False) -> dict[str, Any]:
+    """One run through a fresh ``svc up``: sender and receiver in their own processes,
+    with the blocking API or (``use_async``) the asyncio one."""
     from svc_sdk.testing import LocalStack
 
     ctx = mp.get_context("spawn")
@@ -311,8 +354,11 @@ def svc_run(plan: Plan) -> dict[str, Any]:
         stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}
         to_receiver, receiver_end = ctx.Pipe()
         to_sender, sender_end = ctx.Pipe()
-        receiver = ctx.Process(target=svc_receiver, args=(stack, channel, receiver_end))
-        sender = ctx.Process(target=svc_sender, args=(stack, channel, plan, sender_end))
+        receive, send = (
+            (svc_async_receiver, svc_async_sender) if use_async else (svc_receiver, svc_sender)
+        )
+        receiver = ctx.Process(target=receive, args=(stack, channel, receiver_end))
+        sender = ctx.Process(target=send, args=(stack, channel, plan, sender_end))
         receiver.start()
         sender.start()
         try:
@@ -547,7 +593,7 @@ def slim_run(plan: Plan, shim: Path | None, fast_ffi: bool, scratch: Path) -> di
                     proc.wait()
 
 
-def _vmhwm_mib(pid: int) -> float | None:
+def _vmhwm_mib(pid: int | str) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -644,10 +690,8 @@ def main() -> int:
     plan = Plan(args.messages, args.round_trips, args.warm_up)
     columns: dict[str, list[dict[str, Any]] | str] = {"svc (sync)": []}
     if args.use_async:
-        found = svc_async_api()
-        columns["svc (async)"] = (
-            "n/a (no async API)" if found is None else f"n/a ({found}: bench not wired yet)"
-        )
+        missing = svc_async_api()
+        columns["svc (async)"] = [] if missing is None else f"n/a ({missing})"
     scratch = Path(tempfile.mkdtemp(prefix="svc-e2e-"))
     try:
         shim = None
@@ -668,6 +712,10 @@ def main() -> int:
             assert isinstance(svc_column, list)
             svc_column.append(svc_run(plan))
             _progress(f"run {i + 1} svc", svc_column[-1])
+            async_column = columns.get("svc (async)")
+            if isinstance(async_column, list):
+                async_column.append(svc_run(plan, use_async=True))
+                _progress(f"run {i + 1} svc async", async_column[-1])
             if args.slim:
                 slim_column = columns[slim_name]
                 assert isinstance(slim_column, list)
