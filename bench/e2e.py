@@ -639,13 +639,20 @@ ROWS = [
 
 def print_table(columns: dict[str, list[dict[str, Any]] | str], runs: int) -> None:
     names = list(columns)
-    print(f"| measure (median of {runs} runs) | " + " | ".join(names) + " | target |")
-    print("|---|" + "---:|" * (len(names) + 1))
+    svc, peer = columns["svc (sync)"], next((columns[n] for n in names if "SLIM" in n), None)
+    ratio = isinstance(svc, list) and isinstance(peer, list) and bool(peer)
+    extra = " svc ÷ SLIM |" if ratio else ""
+    print(f"| measure (median of {runs} runs) | " + " | ".join(names) + f" |{extra} target |")
+    print("|---|" + "---:|" * (len(names) + 1 + ratio))
     for key, label in ROWS:
         cells = []
         for name in names:
             column = columns[name]
             cells.append(column if isinstance(column, str) else _cell(_median(column, key), key))
+        if ratio:
+            assert isinstance(svc, list) and isinstance(peer, list)
+            mine, theirs = _median(svc, key), _median(peer, key)
+            cells.append(f"{mine / theirs:.2f}x" if mine is not None and theirs else "-")
         target = TARGETS[key][0] if key in TARGETS else ""
         print(f"| {label} | " + " | ".join(cells) + f" | {target} |")
     for name, column in columns.items():
