@@ -1,15 +1,15 @@
 """The client for event loops: ``await`` and ``async for`` over the same core.
 
 Agent frameworks run in an event loop (LangChain's ``_arun``, MCP and A2A servers). An
-:class:`AsyncChannel` reads and sends on the caller's loop, with no thread per call: a
+:class:`AsyncChannel` reads on the caller's loop, with no thread per call: a
 reader waits on a future that the relay link's thread completes when deliveries
 arrive, and then decrypts in the loop (a batch takes microseconds per message).
 Membership changes and account calls — rare, several round trips each — run the
-blocking core in a worker thread.
+blocking core in a worker thread. Sending is not awaitable yet: ``channel.channel.send``
+is the blocking call, which returns once the relay stored the message (a round trip).
 
 >>> async with await AsyncSvcClient.connect(relay, data_dir, b"alice", api_key=key) as client:
 ...     channel = await client.create_channel("acme/support/triage")
-...     await channel.send(b"hello")
 ...     async for payload in channel:
 ...         ...
 
