@@ -170,7 +170,7 @@ def run(args: argparse.Namespace, database_url: str) -> int:
             sys.executable,
             "-P",
             "-m",
-            "svc_sdk.cli",
+            "svc_cli",
             "api",
             "--port",
             str(port),

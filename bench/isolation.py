@@ -66,7 +66,7 @@ def start_stack(data_dir: Path, pin: bool) -> tuple[subprocess.Popen[str], str, 
     env.pop("SVC_REDIS_URL", None)
     command = ["up", "--api-port", "0", "--relay-port", "0"]
     proc = subprocess.Popen(
-        [*(pinned("0") if pin else []), sys.executable, "-P", "-m", "svc_sdk.cli", *command],
+        [*(pinned("0") if pin else []), sys.executable, "-P", "-m", "svc_cli", *command],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -48,7 +48,7 @@ def rss_mb(pid: int) -> float:
 
 def spawn(args: list[str], cpu: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        ["taskset", "-c", cpu, sys.executable, "-P", "-m", "svc_sdk.cli", *args],
+        ["taskset", "-c", cpu, sys.executable, "-P", "-m", "svc_cli", *args],
         env={**os.environ, "SVC_SIGNUP_RATE_LIMIT": "1000/minute", **(env or {})},
         stdout=subprocess.DEVNULL,
     )

@@ -212,7 +212,7 @@ class Operation:
         try:
             return self.run(manager, parsed)
         except (RuntimeError, ValueError, TypeError) as exc:
-            # RuntimeError covers the library's errors (SvcError) and MlsError.
+            # RuntimeError: every library error (SvcError, MlsError included).
             raise OperationError(str(exc)) from exc
 
 

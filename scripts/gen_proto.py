@@ -23,17 +23,12 @@ def generate(out: Path) -> None:
         f"-I{ROOT / 'proto'}",
         f"--python_out={out}",
         f"--pyi_out={out}",
-        f"--grpc_python_out={out}",
         str(ROOT / "proto" / "relay.proto"),
     ]
+    # Messages only, no grpc stubs: both sides speak the one bidirectional stream through
+    # grpc's generic API (stream_stream on the client, a generic handler on the relay).
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
-    grpc_module = out / "relay_pb2_grpc.py"
-    # protoc writes an absolute import; the modules live inside a package.
-    text = grpc_module.read_text().replace(
-        "import relay_pb2 as relay__pb2", "from . import relay_pb2 as relay__pb2"
-    )
-    grpc_module.write_text(text)
     (out / "__init__.py").write_text('"""Generated from proto/relay.proto; do not edit."""\n')
 
 

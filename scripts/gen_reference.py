@@ -56,7 +56,14 @@ def _doc(obj: object) -> str:
     return inspect.cleandoc(getattr(obj, "__doc__", None) or UNDOCUMENTED)
 
 
+# Classes the library hands out and users never construct: their constructors take the
+# library's plumbing (a Channel comes from SvcClient), so the heading shows no signature.
+HANDED_OUT = {"Channel", "MessageIterator"}
+
+
 def _signature(obj: object) -> str:
+    if inspect.isclass(obj) and obj.__name__ in HANDED_OUT:
+        return ""
     if inspect.isclass(obj) and hasattr(obj, "model_fields"):
         # A pydantic model: its own fields, not the whole inherited constructor.
         own = [n for n in getattr(obj, "__annotations__", {}) if not n.startswith("_")]

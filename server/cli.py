@@ -43,19 +43,19 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def run_up(args: argparse.Namespace) -> None:
-    from svc_sdk import _loop
+    from svc_sdk.protocol import run_event_loop
 
     from .stack import serve
 
     # The embedded relay reads the signing keys from the database, whatever SVC_API_URL says.
     settings = _settings(args).model_copy(update={"api_url": ""})
-    _loop.run(serve(settings, args.host, args.api_port, args.relay_port))
+    run_event_loop(serve(settings, args.host, args.api_port, args.relay_port))
 
 
 def run_relay(args: argparse.Namespace) -> None:
     from prometheus_client import start_http_server
 
-    from svc_sdk import _loop
+    from svc_sdk.protocol import run_event_loop
 
     from .relay.metrics import RelayMetrics
     from .relay.server import start_relay
@@ -71,7 +71,7 @@ def run_relay(args: argparse.Namespace) -> None:
         await wait_for_shutdown()
         await running.stop()
 
-    _loop.run(main())
+    run_event_loop(main())
 
 
 def rotate_signing_key(args: argparse.Namespace) -> None:

@@ -401,7 +401,7 @@ class RedisCluster:
 def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """``svc <args>`` as a subprocess of this interpreter."""
     return subprocess.Popen(
-        [sys.executable, "-m", "svc_sdk.cli", *args],
+        [sys.executable, "-m", "svc_cli", *args],
         env={**os.environ, **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_import_names_are_prefixed() -> None:
-    for name in ("svc_sdk", "svc_server", "svc_integrations", "svc_sdk._native"):
+    for name in ("svc_sdk", "svc_server", "svc_integrations", "svc_cli", "svc_sdk._native"):
         assert importlib.util.find_spec(name) is not None, name
 
 
@@ -51,6 +52,7 @@ def test_wheel_holds_only_prefixed_packages_and_every_module(tmp_path: Path) -> 
         "svc_sdk",
         "svc_server",
         "svc_integrations",
+        "svc_cli",
         wheel.name.split("-cp")[0] + ".dist-info",
     }
     assert any(n.startswith("svc_sdk/_native.") and n.endswith(".so") for n in names)
@@ -58,11 +60,52 @@ def test_wheel_holds_only_prefixed_packages_and_every_module(tmp_path: Path) -> 
         ("src/svc_sdk", "svc_sdk"),
         ("server", "svc_server"),
         ("integrations", "svc_integrations"),
+        ("cli", "svc_cli"),
     ):
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in (".py", ".pyi", ".mako") or path.name == "py.typed":
                 wanted = f"{package}/{path.relative_to(ROOT / folder).as_posix()}"
                 assert wanted in names, f"{wanted} is missing from the wheel"
+
+
+def imported_modules(folder: Path) -> list[tuple[str, str]]:
+    """(file, module) for every absolute import under ``folder``, those inside functions
+    and ``if TYPE_CHECKING:`` included. ``from a import b`` counts as ``a.b``: b may be a
+    module."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        where = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found += [(where, alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found += [(where, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_the_servers_use_only_the_shared_protocol_module() -> None:
+    """The servers depend on the library only through ``svc_sdk.protocol``: the rest of
+    the library, private modules above all, may change without them."""
+    wrong = [
+        (where, module)
+        for where, module in imported_modules(ROOT / "server")
+        if module.split(".")[0] == "svc_sdk"
+        and module != "svc_sdk.protocol"
+        and not module.startswith("svc_sdk.protocol.")
+    ]
+    assert wrong == []
+
+
+def test_the_library_never_imports_what_is_built_on_it() -> None:
+    """svc_sdk is the bottom layer: the servers, the integrations and the ``svc`` command
+    import it, never the other way round (which was an import cycle through ``svc``)."""
+    above = {"svc_server", "server", "svc_integrations", "integrations", "svc_cli", "cli"}
+    wrong = [
+        (where, module)
+        for where, module in imported_modules(ROOT / "src" / "svc_sdk")
+        if module.split(".")[0] in above
+    ]
+    assert wrong == []
 
 
 def test_native_module_lives_inside_svc_sdk() -> None:
@@ -72,13 +115,16 @@ def test_native_module_lives_inside_svc_sdk() -> None:
 
 
 def test_public_api() -> None:
-    assert issubclass(svc_sdk.MlsError, RuntimeError)
+    # One hierarchy: the engine raises the library's own classes (svc_sdk/errors.py).
+    assert issubclass(svc_sdk.PolicyError, svc_sdk.MlsError)
+    assert issubclass(svc_sdk.MlsError, svc_sdk.SvcError)
+    assert issubclass(svc_sdk.SvcError, RuntimeError)
     assert set(svc_sdk.__all__) <= set(dir(svc_sdk))
 
 
 def test_svc_demo_runs() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "svc_sdk.cli", "demo", "--rounds", "1"],
+        [sys.executable, "-m", "svc_cli", "demo", "--rounds", "1"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -93,7 +139,7 @@ def test_svc_demo_runs() -> None:
 
 def test_cli_usage_error() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "svc_sdk.cli", "no-such-command"], capture_output=True, text=True
+        [sys.executable, "-m", "svc_cli", "no-such-command"], capture_output=True, text=True
     )
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr

@@ -1,14 +1,17 @@
 //! PyO3 bindings: `svc_sdk._native`. Every call that does crypto or storage releases the
 //! GIL; every failure is `MlsError` (a RuntimeError) starting with `MLS engine error: `.
+//!
+//! The exceptions are the library's own, defined in Python (`svc_sdk/errors.py`) and
+//! raised from here, as pyca/cryptography does: one hierarchy under `SvcError`, whose
+//! constructor adds the message prefix, so what we pass is the detail alone.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use pyo3::create_exception;
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::import_exception;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyType};
+use pyo3::types::PyBytes;
 
 use crate::credential::{AgentCredentialContent, CredentialRequestContent, TrustAnchors};
 use crate::engine::{Engine, DEFAULT_CIPHER_SUITE};
@@ -17,20 +20,11 @@ use crate::group::{CommitInfo, GroupHandle, PendingCommit, Received};
 use crate::policy::{Role, RolesExt};
 use crate::tracker::{Observed, TrackedGroup, Tracker};
 
-create_exception!(
-    _native,
-    MlsError,
-    PyRuntimeError,
-    "An MLS engine failure. The message starts with 'MLS engine error: '."
-);
-
-create_exception!(
-    _native,
-    PolicyError,
-    MlsError,
-    "A commit or proposal that breaks the channel's policy (roles): refused by this agent's \
-     engine, by the relay and by every member. The message contains 'policy: ' and why."
-);
+// Imported on first use, not when the extension loads: svc_sdk.errors imports nothing of
+// the library, so it is importable whenever an engine call can fail.
+import_exception!(svc_sdk.errors, MlsError);
+import_exception!(svc_sdk.errors, PolicyError);
+import_exception!(svc_sdk.errors, InternalError);
 
 fn to_py(e: EngineError) -> PyErr {
     // Not MLS failures: the agent's directory is unusable as given, or a write to it
@@ -41,18 +35,9 @@ fn to_py(e: EngineError) -> PyErr {
         _ => None,
     };
     match internal {
-        Some(message) => Python::with_gil(|py| {
-            let class = py
-                .import("svc_sdk.errors")
-                .and_then(|m| m.getattr("InternalError"))
-                .and_then(|c| c.downcast_into::<PyType>().map_err(PyErr::from));
-            match class {
-                Ok(class) => PyErr::from_type(class, message),
-                Err(err) => err,
-            }
-        }),
-        None if matches!(e, EngineError::Policy { .. }) => PolicyError::new_err(format!("MLS engine error: {e}")),
-        None => MlsError::new_err(format!("MLS engine error: {e}")),
+        Some(message) => InternalError::new_err(message),
+        None if matches!(e, EngineError::Policy { .. }) => PolicyError::new_err(e.to_string()),
+        None => MlsError::new_err(e.to_string()),
     }
 }
 
@@ -968,8 +953,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(verify_agent_credential, m)?)?;
     m.add_function(wrap_pyfunction!(verify_credential_request, m)?)?;
-    m.add("MlsError", m.py().get_type::<MlsError>())?;
-    m.add("PolicyError", m.py().get_type::<PolicyError>())?;
     m.add("DEFAULT_CIPHER_SUITE", DEFAULT_CIPHER_SUITE)?;
     Ok(())
 }

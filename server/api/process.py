@@ -171,7 +171,7 @@ class RelayMetricsApp:
 
 
 def _child(listen_fd: int, control: Connection, metrics: Connection) -> None:
-    from svc_sdk import _loop
+    from svc_sdk.protocol import run_event_loop
 
     from . import create_app
     from .serving import uvicorn_options
@@ -218,7 +218,7 @@ def _child(listen_fd: int, control: Connection, metrics: Connection) -> None:
         threading.Thread(target=watch, name="svc-api-control", daemon=True).start()
         await task
 
-    _loop.run(main())
+    run_event_loop(main())
 
 
 def main(argv: list[str] | None = None) -> None:

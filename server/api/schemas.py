@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from email_validator import EmailNotValidError, validate_email
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from svc_sdk.names import PATTERN as CHANNEL_PATTERN
+from svc_sdk.protocol import CHANNEL_PATTERN
 
 Plan = Literal["free", "dev", "team", "enterprise"]
 

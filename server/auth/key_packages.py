@@ -15,8 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from svc_sdk.agent_credential import CREDENTIAL_TYPE
-from svc_sdk.mls import MlsError, inspect, verify_agent_credential
+from svc_sdk.protocol import CREDENTIAL_TYPE, MlsError, inspect, verify_agent_credential
 
 from .verifier import JwksSource, jwks_from_url
 

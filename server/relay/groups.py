@@ -1,5 +1,5 @@
 """The relay's view of every channel's MLS group: a tracked group per channel (mls-rs's
-external client, through ``svc_sdk.mls.GroupTracker``), stored with the channel's log and
+external client, through ``svc_sdk.protocol.GroupTracker``), stored with the channel's log and
 cached in memory.
 
 Every commit and proposal is validated against the channel's group before it is stored
@@ -17,7 +17,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from svc_sdk.mls import GroupTracker, MlsError, Observed, PolicyError, Roles, TrackedGroup
+from svc_sdk.protocol import GroupTracker, MlsError, Observed, PolicyError, Roles, TrackedGroup
 
 from ..auth.key_packages import CredentialKeys, KeyPackageError
 from ..services.channels import Event, Member

@@ -7,7 +7,7 @@ import asyncio
 from collections import deque
 from collections.abc import Iterator, Sequence
 
-from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.protocol import relay_pb2 as pb
 
 from .store import Entry, WelcomeEntry
 

@@ -178,7 +178,7 @@ return 1
 
 def _key(channel: str, kind: str) -> str:
     """A key of ``channel``'s: the channel is the hash tag, so all of them share one
-    slot. (Channel names never contain braces; see svc_sdk.names.)"""
+    slot. (Channel names never contain braces; see svc_sdk.protocol.CHANNEL_PATTERN.)"""
     return f"svc:{{{channel}}}:{kind}"
 
 

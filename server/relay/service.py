@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 import grpc
 from google.protobuf.message import DecodeError
 
-from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.protocol import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
 from ..auth.key_packages import CredentialKeys

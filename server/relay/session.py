@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.mls import MlsError, inspect
-from svc_sdk.names import is_valid_channel_name as valid_name
+from svc_sdk.protocol import MlsError, inspect
+from svc_sdk.protocol import is_valid_channel_name as valid_name
+from svc_sdk.protocol import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
 from ..services.channels import Event

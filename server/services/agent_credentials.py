@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from svc_sdk.agent_credential import (
+from svc_sdk.protocol import (
     CREDENTIAL_LABEL,
     MAX_IDENTITY,
     REQUEST_LABEL,

@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from svc_sdk.agent_id import AgentId
+from svc_sdk.aio import AsyncChannel, AsyncSvcChannelManager, AsyncSvcClient
 from svc_sdk.audit import ChannelEvent, ChannelMember, ChannelSummary
 from svc_sdk.channel import Channel, Message, MessageIterator
 from svc_sdk.client import SvcClient
@@ -30,6 +31,7 @@ from svc_sdk.errors import (
     SvcError,
     TransportError,
 )
+from svc_sdk.health import ChannelHealth, ClientHealth
 from svc_sdk.manager import SvcChannelManager
 
 if TYPE_CHECKING:
@@ -66,13 +68,18 @@ except PackageNotFoundError:  # running from a source tree without an install
 __all__ = [
     "AccessError",
     "AgentId",
+    "AsyncChannel",
+    "AsyncSvcChannelManager",
+    "AsyncSvcClient",
     "AuthError",
     "Channel",
     "ChannelClosedError",
     "ChannelEvent",
+    "ChannelHealth",
     "ChannelMember",
     "ChannelNameError",
     "ChannelSummary",
+    "ClientHealth",
     "Envelope",
     "InternalError",
     "InviteError",

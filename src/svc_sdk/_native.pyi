@@ -4,13 +4,10 @@ from os import PathLike
 from pathlib import Path
 from typing import Final, Literal
 
+# The engine raises the library's own exceptions (svc_sdk/errors.py), not types of its own.
+from svc_sdk.errors import MlsError
+
 DEFAULT_CIPHER_SUITE: Final[int]
-
-class MlsError(RuntimeError):
-    """MLS engine failure; the message starts with 'MLS engine error: '."""
-
-class PolicyError(MlsError):
-    """A commit or proposal that breaks the channel's policy (roles)."""
 
 class Engine:
     def __init__(

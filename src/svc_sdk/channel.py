@@ -18,6 +18,7 @@ Commits follow mls-rs's explicit states: a commit is pending until the relay acc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import sqlite3
@@ -29,18 +30,21 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from svc_sdk._native import Group, MlsError, PendingCommit, PolicyError, inspect
+from svc_sdk._native import Group, PendingCommit, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import (
     AccessError,
     ChannelClosedError,
     InternalError,
+    MlsError,
     PayloadTooLargeError,
+    PolicyError,
     SvcError,
     TransportError,
     relay_error,
 )
+from svc_sdk.health import ChannelHealth
 from svc_sdk.outbox import Outbox
 from svc_sdk.relay_client import RelayError
 
@@ -143,18 +147,20 @@ class Channel:
             Message(name, seq, AgentId.from_member_id(sender), data) for seq, sender, data in inbox
         )
         self._closed: SvcError | None = None
+        # Readers on event loops (svc_sdk.aio), woken with the threads (see _notify).
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         # Sequence numbers read but not yet deleted from the inbox (see _mark_consumed).
         self._unflushed: list[int] = []
         self._flushed_at = time.monotonic()
         self._flush_error: InternalError | None = None  # the last record of reads failed
+        # The standing fault of storing what was received, and since when (see health()).
+        self._store_error: InternalError | None = None
+        self._failing_since: float | None = None
         self._join_requests: list[tuple[bytes, bytes]] = []
         # Sent messages the relay has not acknowledged (svc_sdk.outbox).
         self._outbox = Outbox(self)
         self._proposals = False
         self._in_commit = False
-        #: Add agents whose invite redemption reaches the channel (see join_with_token), when
-        #: this agent is the channel's owner or an admin.
-        self.auto_admit = True
 
     def __repr__(self) -> str:
         return f"Channel({self.name!r})"
@@ -164,7 +170,17 @@ class Channel:
     def _deliver(self, items: list[pb.Delivery]) -> None:
         with self._cond:
             self._raw.extend(items)
-            self._cond.notify_all()
+            self._notify()
+
+    def _notify(self) -> None:
+        """Wakes every waiting reader: threads, and tasks on event loops (each woken on
+        its own loop; a loop that closed meanwhile has no reader left). Caller holds
+        ``_cond``."""
+        self._cond.notify_all()
+        waiters, self._async_waiters = self._async_waiters, []
+        for loop, future in waiters:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake, future)
 
     def _failed(self, error: SvcError) -> None:
         log.warning("channel %s: %s", self.name, error)
@@ -227,7 +243,7 @@ class Channel:
         with self._cond:
             if self._closed is None:
                 self._closed = reason
-            self._cond.notify_all()
+            self._notify()
         self._outbox.stop()  # what is unsent stays on disk for the next start
 
     # -- sending -----------------------------------------------------------------------
@@ -356,21 +372,6 @@ class Channel:
                     self._mark_consumed(handed, stored=False)
                 return handed
 
-    def take_buffered(self, accept: Accept | None = None) -> list[Message]:
-        """Every message already decrypted and waiting (that ``accept`` returns true
-        for), without blocking."""
-        with self._cond:
-            if accept is None:
-                taken = list(self._plain)
-                self._plain.clear()
-            else:
-                taken = [m for m in self._plain if accept(m)]
-                if taken:
-                    self._plain = deque(m for m in self._plain if not accept(m))
-            if taken:
-                self._mark_consumed(taken)
-            return taken
-
     def _pop(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Takes up to ``limit`` buffered messages that ``accept`` wants, in order."""
         plain = self._plain
@@ -442,35 +443,72 @@ class Channel:
                 f"channel {self.name!r}: could not record which messages were read ({exc}); "
                 "retried on the next read"
             )
+            self._failing_since = self._failing_since or time.time()
             log.warning("%s", self._flush_error)
             return
         self._flush_error = None
+        if self._store_error is None:
+            self._failing_since = None
         self._saved_cursor = cursor
 
-    def flush(self, *, if_due: bool = False) -> None:
-        """Records which messages were read and how far the channel was handled (also
-        done by close() and by waiting readers). With ``if_due``, only when the last
-        record is older than CONSUMED_FLUSH_SECONDS."""
+    def health(self) -> ChannelHealth:
+        """Whether this channel stores what it receives, and what waits: a standing
+        storage fault shows here until storing works again (the reading calls raise it
+        too), so an application learns of a full disk without reading a log.
+
+        >>> if not channel.health().ok:
+        ...     alert(channel.health().storage_error)
+        """
+        fault = self._store_error or self._flush_error
         with self._cond:
-            if not if_due or time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
+            backlog, unread, closed = len(self._raw), len(self._plain), self._closed
+        return ChannelHealth(
+            name=self.name,
+            storage_error=None if fault is None else str(fault),
+            failing_since=None if fault is None else self._failing_since,
+            backlog=backlog,
+            unread=unread,
+            closed=None if closed is None else str(closed),
+        )
+
+    def flush(self) -> None:
+        """Records now which messages were read and how far the channel was handled (also
+        done by close() and by waiting readers); InternalError if the write fails."""
+        with self._cond:
+            self._flush_consumed()
+            if self._flush_error is not None:
+                raise self._flush_error
+
+    def _flush_if_due(self) -> None:
+        """For the manager's idle listeners: records reads when the last record is older
+        than CONSUMED_FLUSH_SECONDS. A failure is logged and retried on the next one."""
+        with self._cond:
+            if time.monotonic() - self._flushed_at >= CONSUMED_FLUSH_SECONDS:
                 self._flush_consumed()
-                if self._flush_error is not None and not if_due:
-                    raise self._flush_error
 
     def _process_for(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Processes deliveries on behalf of a waiting reader until some are for it: up
         to ``limit`` of those are handed to it and never written to the inbox. Later
         deliveries stay queued for the next read, still encrypted."""
-        reader: Accept = accept or _any
         with self._lock:
-            handed: list[Message] = []
-            while not handed and self._closed is None:
-                items = self._take_raw()
-                if not items:
-                    break
-                handed = self._handle(items, reader, limit)
+            handed = self._process_locked(accept, limit)
         self._do_pending_work()
         return handed
+
+    def _process_locked(self, accept: Accept | None, limit: int | None) -> list[Message]:
+        """The part of ``_process_for`` that needs no relay. Caller holds ``_lock``."""
+        reader: Accept = accept or _any
+        handed: list[Message] = []
+        while not handed and self._closed is None:
+            items = self._take_raw()
+            if not items:
+                break
+            handed = self._handle(items, reader, limit)
+        return handed
+
+    def _has_pending_work(self) -> bool:
+        """Whether ``_do_pending_work`` has commits to make (they need the relay)."""
+        return bool(self._join_requests or self._proposals) and self._closed is None
 
     def _process_pending(self) -> None:
         """Processes everything the relay delivered so far (commits, messages, join
@@ -510,7 +548,7 @@ class Channel:
         processes them again."""
         progress = _Progress()
         try:
-            return self._handle_items(items, reader, limit, progress)
+            handed = self._handle_items(items, reader, limit, progress)
         except (InternalError, sqlite3.Error, OSError) as exc:
             rest = items[progress.durable :]
             with contextlib.suppress(InternalError, MlsError):
@@ -518,11 +556,18 @@ class Channel:
             with self._cond:
                 self._raw.extendleft(reversed(rest))
             detail = str(exc).removeprefix("runtime error: ")
-            raise InternalError(
+            error = InternalError(
                 f"channel {self.name!r}: could not store what it received ({detail}); "
                 f"nothing is lost: {len(rest)} deliveries are processed again once storage "
                 "works"
-            ) from None
+            )
+            self._store_error = error
+            self._failing_since = self._failing_since or time.time()
+            raise error from None
+        self._store_error = None
+        if self._flush_error is None:
+            self._failing_since = None
+        return handed
 
     def _handle_items(
         self,
@@ -579,7 +624,7 @@ class Channel:
             if stored:
                 with self._cond:
                     self._plain.extend(received[:stored])
-                    self._cond.notify_all()
+                    self._notify()
                 received, stored = received[stored:], 0
 
         for index, item in enumerate(items):
@@ -587,8 +632,9 @@ class Channel:
                 break
             if item.message[2:4] == KEY_PACKAGE:
                 flush_run()
-                if self.auto_admit:
-                    self._join_requests.append((item.sender, item.message))
+                # An invite redemption: its agent is added if this one is the owner or an
+                # admin (_next_admission; see join_with_token).
+                self._join_requests.append((item.sender, item.message))
                 continue
             if item.epoch < self._joined_epoch:
                 continue  # from before this agent joined
@@ -630,7 +676,7 @@ class Channel:
         with self._cond:
             self._plain.extend(received)
             if received:
-                self._cond.notify_all()
+                self._notify()
         if removed:
             self._client._forget(self, ChannelClosedError(f"removed from channel {self.name!r}"))
         return handed
@@ -646,7 +692,7 @@ class Channel:
         kp = bytes(key_package)
         info = inspect(kp)
         if info.wire_format != "key_package":
-            raise MlsError(f"MLS engine error: expected a key package, got a {info.wire_format}")
+            raise MlsError(f"expected a key package, got a {info.wire_format}")
         pending = self._commit(lambda: self._group.add_members([kp]))
         assert pending is not None and pending.welcome is not None
         return pending.welcome
@@ -668,11 +714,11 @@ class Channel:
         found = [m for m in self.members() if m.identity == identity]
         if len(found) > 1:
             raise MlsError(
-                f"MLS engine error: {identity!r} names {len(found)} members of different "
+                f"{identity!r} names {len(found)} members of different "
                 f"accounts ({', '.join(map(str, found))}); pass the AgentId"
             )
         if not found:
-            raise MlsError(f"MLS engine error: {identity!r} is not a member of this channel")
+            raise MlsError(f"{identity!r} is not a member of this channel")
         return found[0].member_id
 
     def update_keys(self) -> None:
@@ -820,7 +866,7 @@ class Channel:
                     break
             if self._proposals and self._closed is None:
                 self._commit(self._commit_proposals)
-        except (SvcError, MlsError) as exc:
+        except SvcError as exc:  # MlsError included
             log.warning("channel %s: %s", self.name, exc)
 
     def _next_admission(self) -> PendingCommit | None:
@@ -856,6 +902,11 @@ class _Progress:
 
 def _any(message: Message) -> bool:
     return True
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _check_wait(timeout: object, accept: object) -> None:

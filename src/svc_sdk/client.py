@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from svc_sdk._native import Engine, MlsError
+from svc_sdk._native import Engine
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.api_client import ApiClient
@@ -28,10 +28,12 @@ from svc_sdk.errors import (
     AuthError,
     ChannelClosedError,
     InviteError,
+    MlsError,
     SvcError,
     TransportError,
     relay_error,
 )
+from svc_sdk.health import ClientHealth
 from svc_sdk.local_state import LocalState
 from svc_sdk.names import check_channel_name
 from svc_sdk.relay_client import RelayError
@@ -195,7 +197,7 @@ class SvcClient:
         for channel in channels:
             try:
                 channel.update_keys()
-            except (SvcError, MlsError) as exc:
+            except SvcError as exc:  # MlsError included
                 if not self._closed:
                     log.warning(
                         "channel %s: renewed credential not committed yet: %s", channel.name, exc
@@ -207,7 +209,7 @@ class SvcClient:
         while not self._stop.wait(max(0.0, self._renewal_due() - time.time())):
             try:
                 self._ensure_credential(force=True)
-            except (SvcError, MlsError) as exc:
+            except SvcError as exc:  # MlsError included
                 log.warning(
                     "credential renewal failed (%s); next try in %g s", exc, RENEW_RETRY_SECONDS
                 )
@@ -322,12 +324,12 @@ class SvcClient:
             raise TypeError("welcome must be bytes")
         with self._lock:
             if name in self._channels:
-                raise MlsError(f"MLS engine error: already a member of channel {name!r}")
+                raise MlsError(f"already a member of channel {name!r}")
         group = self.engine.join_group(bytes(welcome))
         if group.group_id != name.encode():
             self.engine.delete_group(group.group_id)
             raise MlsError(
-                f"MLS engine error: the Welcome is for channel "
+                f"the Welcome is for channel "
                 f"{group.group_id.decode(errors='replace')!r}, not {name!r}"
             )
         epoch = group.epoch
@@ -350,6 +352,22 @@ class SvcClient:
         """Names of the channels this agent is in."""
         with self._lock:
             return sorted(self._channels)
+
+    def health(self) -> ClientHealth:
+        """The relay link and every channel, as of the call: whether the agent is
+        connected and stores what it receives. A storage fault (disk full, I/O error)
+        stands here until storing works again, while nothing received is lost.
+
+        >>> client.health().storage_errors  # {} while every channel stores what it gets
+        {}
+        """
+        with self._lock:
+            channels = [self._channels[name] for name in sorted(self._channels)]
+        return ClientHealth(
+            connected=self.link.connected,
+            relay=self.link.endpoint,
+            channels=tuple(channel.health() for channel in channels),
+        )
 
     def invite(self, channel: str, max_uses: int = 1, ttl: int = 3600) -> str:
         """An invite token (``svc_inv_…``) for ``channel``, redeemable ``max_uses`` times

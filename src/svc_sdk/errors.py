@@ -1,6 +1,11 @@
 """The library's exceptions (docs/client.md, Errors). Every failure is a RuntimeError whose message
 starts with a prefix naming the subsystem; the subclasses let callers catch one kind.
 
+One hierarchy under :class:`SvcError`, the MLS engine's errors included: they are defined
+here and the Rust extension raises these very classes (as pyca/cryptography does), so
+``except SvcError`` catches every failure of the library. This module imports nothing of
+the library, so the extension can load it at any point of the package's own import.
+
 >>> try:
 ...     raise ChannelNameError("acme")
 ... except RuntimeError as exc:
@@ -10,12 +15,7 @@ invalid channel name: 'acme'; expected org/namespace/service
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
-
-from svc_sdk._native import MlsError, PolicyError
-
-if TYPE_CHECKING:
-    from svc_sdk.relay_client import RelayError
+from typing import Literal
 
 __all__ = [
     "AccessError",
@@ -94,6 +94,19 @@ class ChannelClosedError(SvcError):
     """The channel was left, this agent was removed from it, or the client closed."""
 
 
+class MlsError(SvcError):
+    """An MLS engine failure: a bad key package or Welcome, a message that does not decrypt
+    or validate, a commit that lost its epoch. Raised by the Rust engine as well."""
+
+    prefix = "MLS engine error: "
+
+
+class PolicyError(MlsError):
+    """A commit or proposal that breaks the channel's policy (roles): refused by this
+    agent's engine, by the relay and by every member. The message contains ``policy: ``
+    and why."""
+
+
 class InternalError(SvcError):
     """A fault inside the library or an unexpected answer from a server."""
 
@@ -103,16 +116,33 @@ class PayloadTooLargeError(InternalError, ValueError):
     it is the argument that is wrong."""
 
 
-def relay_error(exc: RelayError, channel: str) -> SvcError:
-    """The library error for a relay's non-OK Reply."""
-    from svc_sdk.relay_client import code_name
+def relay_error(exc: BaseException, channel: str | None = None) -> SvcError:
+    """The library error for a relay failure, the one mapping of relay codes to errors:
+    ``exc`` is a non-OK Reply (``RelayError``), the gRPC status a stream ended with, or
+    whatever broke the connection. ``channel`` names the channel a request was about.
 
-    name = code_name(exc.code)
-    message = exc.reply.message
-    if name in ("PERMISSION_DENIED", "ALREADY_EXISTS"):
-        return AccessError(f"channel {channel!r}: {message}")
+    A refused token is an AuthError. Any other failure of the stream itself (no
+    ``channel``) is a TransportError: the link reconnects. About a channel: a refused
+    channel (another account's, or not admitted) is an AccessError; a relay that cannot
+    serve it now (its store unavailable, a cursor it no longer holds) or a broken stream
+    a TransportError; any other code means the request itself was wrong, an
+    InternalError."""
+    import grpc
+
+    from svc_sdk.relay_client import RelayError, code_name
+
+    if isinstance(exc, RelayError):
+        name, message, replied = code_name(exc.code), exc.reply.message, True
+    elif isinstance(exc, grpc.aio.AioRpcError):
+        name, message, replied = exc.code().name, exc.details() or "", False
+    else:
+        return TransportError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     if name == "UNAUTHENTICATED":
         return AuthError(f"relay refused the token: {message}")
-    if name in ("UNAVAILABLE", "OUT_OF_RANGE"):
+    if channel is None:  # the stream itself: reconnecting is the answer to the rest
+        return TransportError(f"relay {name}: {message}")
+    if name in ("PERMISSION_DENIED", "ALREADY_EXISTS"):
+        return AccessError(f"channel {channel!r}: {message}")
+    if not replied or name in ("UNAVAILABLE", "OUT_OF_RANGE"):
         return TransportError(f"channel {channel!r}: {message}")
     return InternalError(f"relay rejected a request for {channel!r} ({name}): {message}")

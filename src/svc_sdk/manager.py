@@ -23,6 +23,7 @@ from svc_sdk.channel import Accept, Channel, Message
 from svc_sdk.client import NO_API_KEY, SvcClient, parse_endpoints
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import AuthError, ChannelClosedError, InternalError
+from svc_sdk.health import ClientHealth
 from svc_sdk.names import check_channel_name
 
 log = logging.getLogger("svc_sdk.manager")
@@ -122,7 +123,7 @@ class SvcChannelManager:
             try:
                 channel._wait_for_deliveries(STOP_POLL)
                 channel._process_pending()
-                channel.flush(if_due=True)  # what readers took, recorded while idle
+                channel._flush_if_due()  # what readers took, recorded while idle
                 if fault:
                     log.warning("channel %s: storing works again", channel.name)
                     fault = ""
@@ -216,6 +217,12 @@ class SvcChannelManager:
         buffered, in order, for other readers of the channel (the adapters use this to
         share one channel between protocols)."""
         return self._drain(channel_name, timeout, accept)
+
+    def health(self) -> ClientHealth:
+        """The client's :meth:`SvcClient.health`: the relay link, and each channel's
+        standing storage fault (which its listener retries until storing works again)
+        and backlog. Poll it to learn of a full disk without reading a log."""
+        return self.client.health()
 
     def members(self, channel_name: str) -> list[AgentId]:
         """The channel's members (account and identity, from their verified

@@ -23,10 +23,8 @@ from svc_sdk._native import (
     Group,
     GroupTracker,
     MessageInfo,
-    MlsError,
     Observed,
     PendingCommit,
-    PolicyError,
     Received,
     Roles,
     TrackedGroup,
@@ -34,6 +32,7 @@ from svc_sdk._native import (
     verify_agent_credential,
     verify_credential_request,
 )
+from svc_sdk.errors import MlsError, PolicyError
 
 __all__ = [
     "DEFAULT_CIPHER_SUITE",

@@ -1,5 +1,6 @@
 """A low-level asyncio client of the relay protocol (proto/relay.proto): one stream,
-request/reply matching by request_id, and queues of deliveries, Welcomes and lag notices.
+request/reply matching by request_id, and every other frame handed to a callback, or put
+in queues of deliveries and Welcomes for code that drives the protocol by hand.
 
 The high-level ``SvcClient`` builds on this; benchmarks and tests use it directly.
 
@@ -86,17 +87,20 @@ class RelayConnection:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[pb.Reply]] = {}
         self._write_lock = asyncio.Lock()
-        self.deliveries: asyncio.Queue[pb.Delivery] = asyncio.Queue()
-        self.welcomes: asyncio.Queue[pb.Welcome] = asyncio.Queue()
-        self.lagged: asyncio.Queue[str] = asyncio.Queue()
+        # Every frame but a Reply goes to ``on_frame`` (the client's RelayLink dispatches
+        # them itself); without one, deliveries and Welcomes are queued here for tests and
+        # benchmarks, and lag notices dropped (nothing of theirs resubscribes).
+        if on_frame is None:
+            self.deliveries: asyncio.Queue[pb.Delivery] = asyncio.Queue()
+            self.welcomes: asyncio.Queue[pb.Welcome] = asyncio.Queue()
+            on_frame = self._enqueue
+        self._on_frame = on_frame
         self.closed: asyncio.Future[grpc.RpcError | None] | None = None
         # A shared channel (several streams over one HTTP/2 connection) stays open on close.
         self._shared = channel
         self._channel: grpc.aio.Channel | None = channel
         self._call: Any = None
         self._reader: asyncio.Task[None] | None = None
-        # When set, receives every non-Reply frame instead of the queues.
-        self._on_frame = on_frame
 
     async def __aenter__(self) -> RelayConnection:
         await self.open()
@@ -144,15 +148,8 @@ class RelayConnection:
                     future = self._pending.pop(frame.reply.request_id, None)
                     if future is not None and not future.done():
                         future.set_result(frame.reply)
-                elif self._on_frame is not None:
+                else:
                     self._on_frame(frame)
-                elif kind == "deliveries":
-                    for item in frame.deliveries.items:
-                        self.deliveries.put_nowait(item)
-                elif kind == "welcome":
-                    self.welcomes.put_nowait(frame.welcome)
-                elif kind == "lagged":
-                    self.lagged.put_nowait(frame.lagged.channel)
         except grpc.RpcError as exc:
             error = exc
         except asyncio.CancelledError:
@@ -164,6 +161,14 @@ class RelayConnection:
             self._pending.clear()
             if self.closed is not None and not self.closed.done():
                 self.closed.set_result(error)
+
+    def _enqueue(self, frame: pb.ServerFrame) -> None:
+        kind = frame.WhichOneof("kind")
+        if kind == "deliveries":
+            for item in frame.deliveries.items:
+                self.deliveries.put_nowait(item)
+        elif kind == "welcome":
+            self.welcomes.put_nowait(frame.welcome)
 
     async def send(self, **kind: Any) -> asyncio.Future[pb.Reply]:
         """Writes a frame; returns the future of its Reply."""

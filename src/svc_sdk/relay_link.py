@@ -27,14 +27,19 @@ import grpc
 
 from svc_sdk import _loop
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.errors import AuthError, ChannelClosedError, InternalError, SvcError, TransportError
-from svc_sdk.relay_client import RelayConnection, RelayError, code_name
+from svc_sdk.errors import (
+    AuthError,
+    ChannelClosedError,
+    InternalError,
+    SvcError,
+    TransportError,
+    relay_error,
+)
+from svc_sdk.relay_client import RelayConnection, RelayError
 
 log = logging.getLogger("svc_sdk.relay")
 
 T = TypeVar("T")
-OUT_OF_RANGE = grpc.StatusCode.OUT_OF_RANGE.value[0]
-UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED.value[0]
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
 OPTIONS = [
@@ -430,14 +435,14 @@ class RelayLink:
                 assert conn.closed is not None
                 status = await conn.closed
                 if status is not None:
-                    self._error = _status_error(status)
+                    self._error = relay_error(status)
                     log.warning("relay stream ended: %s", self._error)
             except asyncio.CancelledError:
                 raise
             except SvcError as exc:
                 self._error = exc
             except (grpc.RpcError, ConnectionError, TimeoutError, RelayError) as exc:
-                self._error = _status_error(exc)
+                self._error = relay_error(exc)
             except Exception as exc:  # a bug must not stop reconnecting
                 log.exception("relay connection failed")
                 self._error = InternalError(str(exc))
@@ -484,10 +489,8 @@ class RelayLink:
             await self._conn.send(subscribe=pb.Subscribe(channel=channel, after_seq=sub.received)),
             10.0,
         )
-        if reply.code == OUT_OF_RANGE:
-            sub.sink._failed(TransportError(f"channel {channel!r}: {reply.message}"))
-        elif reply.code != 0:
-            sub.sink._failed(TransportError(f"subscribing to {channel!r}: {reply.message}"))
+        if reply.code != 0:
+            sub.sink._failed(relay_error(RelayError(reply), channel))
         sub.head = reply.head_seq
         sub.ready.set()
 
@@ -541,15 +544,3 @@ class RelayLink:
     async def _resubscribe(self, sub: _Sub, channel: str) -> None:
         with contextlib.suppress(Exception):
             await self._subscribe(sub, channel)
-
-
-def _status_error(exc: BaseException) -> SvcError:
-    if isinstance(exc, grpc.aio.AioRpcError):
-        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
-            return AuthError(f"relay refused the token: {exc.details()}")
-        return TransportError(f"relay {exc.code().name}: {exc.details()}")
-    if isinstance(exc, RelayError):
-        if exc.code == UNAUTHENTICATED:
-            return AuthError(f"relay refused the token: {exc.reply.message}")
-        return TransportError(f"relay {code_name(exc.code)}: {exc.reply.message}")
-    return TransportError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)

@@ -85,7 +85,7 @@ class LocalStack:
         command = ["up", "--api-port", str(api_port), "--relay-port", str(relay_port)]
         # -P: the installed svc_sdk, never a folder of that name in the working directory.
         self._proc = subprocess.Popen(  # noqa: S603 - our own interpreter, fixed arguments
-            [sys.executable, "-P", "-m", "svc_sdk.cli", *command],
+            [sys.executable, "-P", "-m", "svc_cli", *command],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

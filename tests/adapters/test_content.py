@@ -189,7 +189,7 @@ def test_raw_is_not_translated() -> None:
         # JSON nested past the decoder's recursion limit (was RecursionError).
         Envelope(Protocol.SLIM, content.JSON_TYPE, b"[" * 5000 + b"]" * 5000),
         Envelope(Protocol.SLIM, content.PARTS_TYPE, b"[" * 5000 + b"]" * 5000),
-        Envelope(Protocol.MCP, content.MCP_TYPE, b"[" * 5000 + b"]" * 5000),
+        Envelope(Protocol.MCP, content.JSON_TYPE, b"[" * 5000 + b"]" * 5000),
         # Data nested past protobuf's limit of 100, into A2A (was ParseError).
         Envelope(
             Protocol.SLIM,

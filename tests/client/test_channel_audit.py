@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from svc_sdk import AccessError, AgentId, ChannelEvent, ChannelMember, cli
+import svc_cli
+from svc_sdk import AccessError, AgentId, ChannelEvent, ChannelMember
 from svc_sdk.testing import LocalStack
 
 from .helpers import client
@@ -48,7 +49,7 @@ def run_cli(
     monkeypatch.setenv("SVC_API_URL", stack.api_url)
     monkeypatch.setenv("SVC_API_KEY", key)
     capsys.readouterr()
-    status = cli.main(list(args))
+    status = svc_cli.main(list(args))
     out, err = capsys.readouterr()
     return status, out, err
 

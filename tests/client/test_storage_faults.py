@@ -194,3 +194,87 @@ def test_a_failed_record_of_what_was_read_hands_out_everything_once(
 def client_in(stack: LocalStack, old: Any) -> Any:
     """A new client on ``old``'s data_dir and identity (its restart)."""
     return client(stack, old.identity.decode(), data_dir=old.engine.data_dir)
+
+
+def full_inbox(client: Any) -> list[bool]:
+    """Makes ``client``'s inbox writes fail while the returned flag is true."""
+    real = client.state.advance
+    full = [True]
+
+    def advance(*args: Any) -> None:
+        if full[0]:
+            raise sqlite3.OperationalError("database or disk is full (injected)")
+        real(*args)
+
+    client.state.advance = advance
+    return full
+
+
+def test_health_shows_a_storage_fault_until_storing_works(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """Besides the reading call's error, the client's health shows the standing fault
+    (which channel, what, since when, how much waits), and clears once storage works."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        assert cb.health().ok and cb.health().storage_errors == {}
+        full = full_inbox(cb)
+        sent = [f"m{i}".encode() for i in range(20)]
+        chan_a.send_batch(sent)
+        time.sleep(0.3)
+        before = time.time()
+        with pytest.raises(InternalError, match="disk is full"):
+            chan_b.members()  # processes what arrived, as any call does
+        health = cb.health()
+        assert not health.ok and health.connected
+        assert list(health.storage_errors) == [channel_name]
+        state = chan_b.health()
+        assert state.storage_error is not None
+        assert (
+            state.storage_error.startswith("runtime error: ")
+            and "nothing is lost" in state.storage_error
+        )
+        assert state.failing_since is not None and state.failing_since <= before + 1
+        assert state.backlog >= 20 and state.unread == 0 and state.closed is None
+        with pytest.raises(InternalError):  # still failing: it still stands, since then
+            chan_b.members()
+        assert chan_b.health().failing_since == state.failing_since
+        full[0] = False
+        got, _ = read_all(chan_b, 20)
+        assert got == sent
+        assert cb.health().ok
+        after = chan_b.health()
+        assert (after.storage_error, after.failing_since, after.backlog, after.unread) == (
+            None,
+            None,
+            0,
+            0,
+        )
+    assert chan_b.health().closed == "runtime error: the client is closed"
+
+
+def test_the_managers_health_shows_what_its_listener_cannot_store(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """No one reads: the manager's listener meets the full disk, retries, and its
+    health says so; once the disk has room it stores everything and health is ok."""
+    alice, bob = stack.manager(ids("alice")), stack.manager(ids("bob"))
+    with alice, bob:
+        alice.create(channel_name)
+        bob.join_with_token(channel_name, alice.invite(channel_name), timeout=15)
+        full = full_inbox(bob.client)
+        for i in range(10):
+            alice.send(channel_name, f"m{i}")
+        deadline = time.monotonic() + 10
+        while bob.health().ok and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = bob.health()
+        assert not health.ok, "the listener's storage fault shows in the manager's health"
+        assert "disk is full" in health.storage_errors[channel_name]
+        full[0] = False
+        deadline = time.monotonic() + 10
+        while not bob.health().ok and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert bob.health().ok, "the listener stored everything once it could"
+        assert bob.health().channels[0].unread == 10
+        assert bob.receive(channel_name, timeout=5) == [f"m{i}" for i in range(10)]

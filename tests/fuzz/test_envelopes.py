@@ -130,7 +130,7 @@ def headers(draw: st.DrawFn) -> bytes:
     header: dict[str, object] = {}
     types = st.sampled_from(
         [
-            content.MCP_TYPE,
+            content.JSON_TYPE,
             content.PARTS_TYPE,
             content.A2A_MESSAGE_TYPE,
             content.A2A_RPC_TYPE,

@@ -32,7 +32,7 @@ ROOT = Path(__file__).parents[2]
 def server(stack: LocalStack, identity: str, **env: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
-        args=["-P", "-m", "svc_sdk.cli", "mcp"],
+        args=["-P", "-m", "svc_cli", "mcp"],
         env={
             "SVC_IDENTITY": identity,
             "SVC_RELAY": stack.relay_url,
@@ -272,7 +272,7 @@ def _path_with_svc() -> str:
 
 def test_missing_identity_is_a_clear_error() -> None:
     done = subprocess.run(
-        [sys.executable, "-P", "-m", "svc_sdk.cli", "mcp"],
+        [sys.executable, "-P", "-m", "svc_cli", "mcp"],
         capture_output=True,
         text=True,
         timeout=60,

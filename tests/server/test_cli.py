@@ -22,7 +22,7 @@ def svc(
     if key is not None:
         env["SVC_API_KEY"] = key
     return subprocess.run(
-        [sys.executable, "-P", "-m", "svc_sdk.cli", *args],
+        [sys.executable, "-P", "-m", "svc_cli", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -84,7 +84,7 @@ def test_cli_errors(api: RunningApi, tmp_path: Path) -> None:
     assert not (home / ".svc").exists(), "nothing saved for a failed signup"
     env = {**os.environ, "HOME": str(home), "SVC_API_URL": "http://127.0.0.1:9"}
     unreachable = subprocess.run(
-        [sys.executable, "-m", "svc_sdk.cli", "signup", "x@example.com"],
+        [sys.executable, "-m", "svc_cli", "signup", "x@example.com"],
         env=env,
         capture_output=True,
         text=True,
@@ -101,7 +101,7 @@ def test_rotate_signing_key_command(api: RunningApi, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "svc_sdk.cli",
+            "svc_cli",
             "rotate-signing-key",
             "--database-url",
             api.settings.database_url,
@@ -138,11 +138,11 @@ def test_signup_keeps_an_existing_key_file(api: RunningApi, tmp_path: Path) -> N
 
 
 def test_version_and_help(tmp_path: Path) -> None:
+    from svc_cli import build_parser
     from svc_sdk import __version__
-    from svc_sdk.cli import build_parser
 
     version = subprocess.run(
-        [sys.executable, "-P", "-m", "svc_sdk.cli", "--version"], capture_output=True, text=True
+        [sys.executable, "-P", "-m", "svc_cli", "--version"], capture_output=True, text=True
     )
     assert version.returncode == 0 and version.stdout.strip() == f"svc {__version__}"
     assert __version__ != "0.0.0"
@@ -172,7 +172,7 @@ def test_version_and_help(tmp_path: Path) -> None:
 
 def _help(command: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-P", "-m", "svc_sdk.cli", command, "--help"],
+        [sys.executable, "-P", "-m", "svc_cli", command, "--help"],
         capture_output=True,
         text=True,
         env={**os.environ, "COLUMNS": "200"},

@@ -156,7 +156,7 @@ def test_a_signal_to_the_whole_group_stops_svc_up_cleanly(tmp_path: Path, sig: i
     api_port = free_port()
     command = ["up", "--api-port", str(api_port), "--relay-port", "0"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "svc_sdk.cli", *command, "--data-dir", str(tmp_path / "s")],
+        [sys.executable, "-m", "svc_cli", *command, "--data-dir", str(tmp_path / "s")],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

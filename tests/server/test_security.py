@@ -73,7 +73,7 @@ def test_revocation_reaches_another_api_process(api: RunningApi, http: httpx.Cli
         [
             sys.executable,
             "-m",
-            "svc_sdk.cli",
+            "svc_cli",
             "api",
             "--port",
             str(port),

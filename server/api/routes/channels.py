@@ -9,8 +9,7 @@ from typing import Annotated, cast
 
 from fastapi import APIRouter, Query
 
-from svc_sdk.agent_id import AgentId
-from svc_sdk.names import is_valid_channel_name
+from svc_sdk.protocol import AgentId, is_valid_channel_name
 
 from ...db.models import Channel, ChannelMember
 from ...db.session import transaction

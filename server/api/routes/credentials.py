@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter
 
-from svc_sdk.agent_credential import CredentialRequest
+from svc_sdk.protocol import CredentialRequest
 
 from ...services import agent_credentials
 from ..deps import CallerDep, ServicesDep

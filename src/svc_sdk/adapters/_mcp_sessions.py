@@ -29,7 +29,7 @@ import anyio
 import anyio.to_thread
 
 from svc_sdk.adapters._reader import SLICE, EnvelopeReader
-from svc_sdk.adapters.content import MCP_TYPE, decode_jsonrpc
+from svc_sdk.adapters.content import JSON_TYPE, decode_jsonrpc
 from svc_sdk.agent_id import AgentId
 from svc_sdk.channel import Message
 from svc_sdk.envelope import Envelope, Protocol
@@ -314,7 +314,7 @@ async def send_end(manager: SvcChannelManager, channel: str, session: str) -> No
     """Tells the server the client left (at most a few seconds; best effort: a server
     that never hears it keeps the session until it stops)."""
     metadata = {SESSION: session, FROM: "client", END: True}
-    envelope = Envelope(Protocol.MCP, MCP_TYPE, END_PAYLOAD, metadata)
+    envelope = Envelope(Protocol.MCP, JSON_TYPE, END_PAYLOAD, metadata)
     with anyio.move_on_after(5, shield=True):
         try:
             await anyio.to_thread.run_sync(
@@ -348,7 +348,7 @@ async def session_streams(
         async with write_reader:
             async for session_message in write_reader:
                 envelope = Envelope(
-                    Protocol.MCP, MCP_TYPE, _encode(session_message.message), metadata
+                    Protocol.MCP, JSON_TYPE, _encode(session_message.message), metadata
                 )
                 await anyio.to_thread.run_sync(manager.send_envelope, channel, envelope)
 

@@ -41,17 +41,24 @@ class EnvelopeReader:
         self._buffer: deque[tuple[Message, Envelope]] = deque()
         self._lock = threading.Lock()
 
-    def _wanted(self, message: Message) -> bool:
-        envelope = parse(message)
-        return envelope is not None and self._accept(envelope)
-
     def fetch(self, timeout: float) -> None:
         """Blocks up to ``timeout`` for wanted envelopes and buffers them (any thread)."""
-        taken = self.manager.receive_messages(self.channel, timeout, accept=self._wanted)
+        # The channel calls ``wanted`` on each candidate, under its lock; what it parsed is
+        # kept for the messages it takes, so each payload is parsed once.
+        parsed: dict[int, Envelope] = {}
+
+        def wanted(message: Message) -> bool:
+            envelope = parse(message)
+            if envelope is None or not self._accept(envelope):
+                return False
+            parsed[id(message)] = envelope
+            return True
+
+        taken = self.manager.receive_messages(self.channel, timeout, accept=wanted)
         items = []
         for message in taken:
-            envelope = parse(message)
-            assert envelope is not None  # _wanted parsed it already
+            envelope = parsed.get(id(message)) or parse(message)
+            assert envelope is not None  # wanted() accepted it, so it parses
             items.append((message, envelope))
         with self._lock:
             self._buffer.extend(items)

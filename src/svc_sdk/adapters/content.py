@@ -30,9 +30,10 @@ Part = dict[str, Any]
 
 A2A_MESSAGE_TYPE = "application/a2a+json"  # an A2A Message in A2A's JSON form
 A2A_RPC_TYPE = "application/a2a-rpc+json"  # A2A JSON-RPC requests and responses
-MCP_TYPE = "application/json"  # one JSON-RPC 2.0 message
 PARTS_TYPE = "application/vnd.svc.parts+json"  # a list of parts, when one payload is not enough
 TEXT_TYPE = "text/plain; charset=utf-8"
+# Also the content type of MCP envelopes (one JSON-RPC 2.0 message each): the envelope's
+# protocol tag says MCP, the content type only how the payload is encoded.
 JSON_TYPE = "application/json"
 OCTETS = "application/octet-stream"
 SLIM_FILENAME = "svc.filename"  # SLIM metadata key naming a file payload
@@ -510,7 +511,7 @@ def to_mcp(content: Content) -> Envelope:
     parts = content.parts
     if len(parts) == 1 and parts[0]["type"] == "data" and _is_jsonrpc(parts[0]["data"]):
         # A JSON-RPC message that went through another protocol: unwrapped as it was.
-        return Envelope(Protocol.MCP, MCP_TYPE, _dumps(parts[0]["data"]))
+        return Envelope(Protocol.MCP, JSON_TYPE, _dumps(parts[0]["data"]))
     meta = {k: v for k, v in content.meta.items() if k != "mcp"}
     data: dict[str, Any] = {"content": [_to_block(p, i) for i, p in enumerate(parts)]}
     if meta:
@@ -520,7 +521,7 @@ def to_mcp(content: Content) -> Envelope:
         "method": "notifications/message",
         "params": {"level": "info", "logger": MCP_LOGGER, "data": data},
     }
-    return Envelope(Protocol.MCP, MCP_TYPE, _dumps(notification))
+    return Envelope(Protocol.MCP, JSON_TYPE, _dumps(notification))
 
 
 READERS = {Protocol.A2A: from_a2a, Protocol.SLIM: from_slim, Protocol.MCP: from_mcp}

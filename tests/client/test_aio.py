@@ -1,0 +1,214 @@
+"""The async face (svc_sdk.aio) on a real local stack: reading with ``await`` and
+``async for`` on the caller's loop, cancellation that loses nothing, many tasks and a
+thread reading one channel at once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from svc_sdk import (
+    AsyncChannel,
+    AsyncSvcChannelManager,
+    AsyncSvcClient,
+    ChannelClosedError,
+    Envelope,
+    Protocol,
+)
+from svc_sdk.testing import LocalStack
+
+from .helpers import pair
+
+
+def test_async_for_reads_every_message_in_order(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    sent = [f"m{i}".encode() for i in range(300)]
+
+    async def main() -> list[bytes]:
+        reader = AsyncChannel(chan_b)
+        got: list[bytes] = []
+        # The sender runs in a thread while the loop awaits: the link's thread wakes it.
+        sender = threading.Thread(target=lambda: [chan_a.send(m) for m in sent])
+        sender.start()
+        async for payload in reader.messages(timeout=10):
+            got.append(payload)
+            if len(got) == len(sent):
+                break
+        sender.join()
+        return got
+
+    with ca, cb:
+        assert asyncio.run(main()) == sent
+
+
+def test_a_read_times_out_and_the_loop_stays_free(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, _, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+
+    async def main() -> tuple[list[Any], int, float]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        started = time.monotonic()
+        got = await AsyncChannel(chan_b).next_messages(timeout=0.5)
+        elapsed = time.monotonic() - started
+        ticker.cancel()
+        return got, ticks, elapsed
+
+    with ca, cb:
+        got, ticks, elapsed = asyncio.run(main())
+        assert got == [] and 0.45 <= elapsed < 3
+        assert ticks >= 20, "the loop ran other tasks while the read waited"
+
+
+def test_a_cancelled_read_loses_nothing(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    sent = [f"m{i}".encode() for i in range(50)]
+
+    async def main() -> list[bytes]:
+        reader = AsyncChannel(chan_b)
+        got: list[bytes] = []
+        # Reads cancelled at random moments while messages arrive.
+        sender = threading.Thread(target=lambda: chan_a.send_batch(sent))
+        for i in range(40):
+            task = asyncio.create_task(reader.next_messages(timeout=5, limit=1))
+            if i == 5:
+                sender.start()
+            await asyncio.sleep(0.002 * (i % 4))
+            if task.cancel():
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            else:
+                got.extend(m.data for m in task.result())
+        sender.join()
+        while len(got) < len(sent):
+            more = await reader.next_messages(timeout=5)
+            assert more, f"got {len(got)} of {len(sent)}"
+            got.extend(m.data for m in more)
+        return got
+
+    with ca, cb:
+        assert asyncio.run(main()) == sent, "every message once, in order"
+        assert chan_b.next_messages(0.2) == []
+
+
+def test_tasks_and_a_thread_share_one_channel(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    sent = [f"m{i}".encode() for i in range(400)]
+    shares: list[list[bytes]] = [[] for _ in range(5)]  # four tasks, then the thread
+    done = threading.Event()
+
+    def thread_reader() -> None:
+        while not done.is_set():
+            shares[4].extend(m.data for m in chan_b.next_messages(timeout=0.1, limit=7))
+
+    async def main() -> None:
+        reader = AsyncChannel(chan_b)
+
+        async def task_reader(share: list[bytes]) -> None:
+            while not done.is_set():
+                share.extend(m.data for m in await reader.next_messages(timeout=0.1, limit=5))
+
+        tasks = [asyncio.create_task(task_reader(shares[i])) for i in range(4)]
+        await asyncio.to_thread(chan_a.send_batch, sent)
+        deadline = time.monotonic() + 20
+        while sum(map(len, shares)) < len(sent) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # nothing more comes
+        done.set()
+        await asyncio.gather(*tasks)
+
+    thread = threading.Thread(target=thread_reader)
+    with ca, cb:
+        thread.start()
+        try:
+            asyncio.run(main())
+        finally:
+            done.set()
+            thread.join()
+        everything = [m for share in shares for m in share]
+        assert sorted(everything) == sorted(sent), "each message to exactly one reader"
+        for share in shares:
+            assert share == [m for m in sent if m in set(share)], "each share in order"
+
+
+def test_the_async_client_end_to_end(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    async def main() -> None:
+        def connect(name: str) -> Any:
+            return AsyncSvcClient.connect(
+                stack.relay_url,
+                stack.agent_dir(name),
+                name.encode(),
+                api_key=stack.api_key,
+                api_url=stack.api_url,
+            )
+
+        async with await connect(ids("alice")) as alice, await connect(ids("bob")) as bob:
+            owner = await alice.create_channel(channel_name)
+            token = await alice.invite(channel_name)
+            # A member that reads admits the joiner (its read makes the commit).
+            reading = asyncio.create_task(owner.next_message(timeout=15))
+            joined = await bob.join_with_token(channel_name, token, timeout=15)
+            assert set(joined.members()) == {alice.agent_id, bob.agent_id}
+            await asyncio.to_thread(joined.channel.send, b"hi")
+            first = await reading
+            assert first is not None and (first.data, first.sender) == (b"hi", bob.agent_id)
+            await asyncio.to_thread(owner.channel.send, b"hello")
+            message = await joined.next_message(timeout=10)
+            assert message is not None and message.data == b"hello"
+            assert message.sender == alice.agent_id
+            assert alice.health().ok and bob.health().ok
+            await owner.remove_member(bob.agent_id)
+            assert await joined.next_message(timeout=10) is None  # removed: closed
+            assert joined.closed
+        with pytest.raises(ChannelClosedError):
+            joined.channel.send(b"after")
+
+    asyncio.run(main())
+
+
+def test_the_async_manager_reads_on_the_loop(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    async def main() -> None:
+        alice = AsyncSvcChannelManager(stack.manager(ids("alice")))
+        bob = AsyncSvcChannelManager(stack.manager(ids("bob")))
+        async with alice, bob:
+            await alice.create(channel_name)
+            await bob.join_with_token(channel_name, await alice.invite(channel_name), 15)
+            assert set(bob.members(channel_name)) == {alice.agent_id, bob.agent_id}
+            assert await bob.receive(channel_name, timeout=0.2) == []
+            alice.manager.send(channel_name, "hello")
+            assert await bob.receive(channel_name, timeout=10) == ["hello"]
+            alice.manager.send_envelope(
+                channel_name, Envelope(Protocol.MCP, "application/json", b"{}")
+            )
+            [envelope] = await bob.receive_envelopes(channel_name, timeout=10)
+            assert (envelope.protocol, envelope.payload) == (Protocol.MCP, b"{}")
+            assert bob.health().ok
+            await alice.remove_member(channel_name, bob.agent_id)
+            with pytest.raises(ChannelClosedError):
+                await until_closed(bob, channel_name)
+
+    asyncio.run(main())
+
+
+async def until_closed(manager: AsyncSvcChannelManager, channel_name: str) -> None:
+    """Reads until the removal reaches this agent (ChannelClosedError)."""
+    for _ in range(50):
+        await manager.receive(channel_name, timeout=0.2)
