@@ -5,11 +5,12 @@ Agent frameworks run in an event loop (LangChain's ``_arun``, MCP and A2A server
 reader waits on a future that the relay link's thread completes when deliveries
 arrive, and then decrypts in the loop (a batch takes microseconds per message).
 Membership changes and account calls — rare, several round trips each — run the
-blocking core in a worker thread. Sending is not awaitable yet: ``channel.channel.send``
-is the blocking call, which returns once the relay stored the message (a round trip).
+blocking core in a worker thread. ``await channel.send`` is a local step (encrypt,
+write the outbox row) like the blocking ``send``; it awaits room when the outbox is full.
 
 >>> async with await AsyncSvcClient.connect(relay, data_dir, b"alice", api_key=key) as client:
 ...     channel = await client.create_channel("acme/support/triage")
+...     await channel.send(b"hello")
 ...     async for payload in channel:
 ...         ...
 
@@ -24,18 +25,18 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import anyio.to_thread
 
 from svc_sdk.agent_id import AgentId
 from svc_sdk.channel import (
-    IDLE_FLUSH_SECONDS,
     Accept,
     Channel,
     Message,
     _check_wait,
-    _wake,
+    _payload,
+    _ReadState,
 )
 from svc_sdk.client import SvcClient
 from svc_sdk.envelope import Envelope
@@ -46,8 +47,6 @@ from svc_sdk.manager import SvcChannelManager, to_envelope
 # While another thread holds the channel's lock (a commit waiting for the relay), a
 # task polls for it at this interval instead of blocking its loop.
 _LOCK_POLL = 0.001
-# A waiting reader wakes at least this often (a missed wake-up costs no more than this).
-_IDLE_WAKE = 0.5
 
 
 class AsyncChannel:
@@ -125,43 +124,15 @@ class AsyncChannel:
     ) -> list[Message]:
         _check_wait(timeout, accept)
         channel = self.channel
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        idle_since: float | None = None
+        read = _ReadState(None if timeout is None else time.monotonic() + timeout)
         while True:
-            waiter: asyncio.Future[None] | None = None
             with channel._cond:
-                taken = channel._pop(accept, limit)
-                if taken:
-                    channel._mark_consumed(taken)
+                taken = channel._read_step(accept, limit, read)
+                if taken is not None:
                     return taken
-                if channel._closed is not None:
-                    return []
-                if not channel._raw:
-                    now = time.monotonic()
-                    remaining = None if deadline is None else deadline - now
-                    if remaining is not None and remaining <= 0:
-                        return []
-                    wait = _IDLE_WAKE if remaining is None else min(remaining, _IDLE_WAKE)
-                    if channel._outstanding():  # idle: record what was read (as readers do)
-                        idle_since = now if idle_since is None else idle_since
-                        if now - idle_since >= IDLE_FLUSH_SECONDS:
-                            channel._flush_consumed()
-                        else:
-                            wait = min(wait, IDLE_FLUSH_SECONDS)
-                    waiter = loop.create_future()
-                    channel._async_waiters.append((loop, waiter))
-            if waiter is not None:
-                # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that meets
-                # the wake-up, and a cancelled caller would drop what we return.
-                timer = loop.call_later(wait, _wake, waiter)
-                try:
-                    await waiter
-                finally:
-                    timer.cancel()
-                    with channel._cond:
-                        if (loop, waiter) in channel._async_waiters:
-                            channel._async_waiters.remove((loop, waiter))
+                waiting = channel._async_waiters.add() if read.wait else None
+            if waiting is not None:
+                await channel._async_waiters.park(waiting, read.wait)
                 continue
             if not channel._lock.acquire(blocking=False):
                 await asyncio.sleep(_LOCK_POLL)  # a commit in another thread; not for long
@@ -176,6 +147,52 @@ class AsyncChannel:
                 with channel._cond:
                     channel._mark_consumed(handed, stored=False)
                 return handed
+
+    # -- sending: a local step, then the outbox's pump ---------------------------------
+
+    async def send(self, payload: bytes) -> None:
+        """See :meth:`Channel.send`: returns once the message is durably in the outbox,
+        without blocking the loop (it awaits room when the outbox is full). A cancelled
+        send either queued the message whole or not at all."""
+        await self._queue([_payload(payload)])
+
+    async def send_batch(self, payloads: list[bytes]) -> None:
+        """See :meth:`Channel.send_batch`: returns once the relay stored them all."""
+        if isinstance(cast(object, payloads), bytes | bytearray | memoryview | str):
+            raise TypeError("send_batch takes a list of bytes; use send() for one message")
+        blobs = [_payload(payload) for payload in payloads]
+        outbox = self.channel._outbox
+        if not blobs:
+            outbox.raise_deferred()
+            return
+        last = await self._queue(blobs)
+        await outbox.wait_async(last, self.channel._client.timeout)
+
+    async def wait_stored(self, timeout: float | None = None) -> None:
+        """See :meth:`Channel.wait_stored`."""
+        _check_wait(timeout, None)
+        outbox = self.channel._outbox
+        await outbox.wait_async(outbox.last_pos(), timeout)
+
+    @property
+    def unsent(self) -> int:
+        """Messages sent on this channel that the relay has not acknowledged yet."""
+        return self.channel.unsent
+
+    async def _queue(self, blobs: list[bytes]) -> int:
+        channel = self.channel
+        outbox = channel._outbox
+        outbox.raise_deferred()
+        channel._check_open()
+        size = sum(map(len, blobs))
+        await outbox.wait_for_room_async(len(blobs), size, channel._client.timeout)
+        outbox.raise_deferred()
+        while not channel._lock.acquire(blocking=False):
+            await asyncio.sleep(_LOCK_POLL)  # a commit in another thread; not for long
+        try:  # no await from here on: the message is queued whole or not at all
+            return channel._queue_locked(blobs)
+        finally:
+            channel._lock.release()
 
     # -- membership: a few round trips each, in a worker thread --------------------------
 

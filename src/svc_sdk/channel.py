@@ -18,7 +18,6 @@ Commits follow mls-rs's explicit states: a commit is pending until the relay acc
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import sqlite3
@@ -32,6 +31,7 @@ import grpc
 
 from svc_sdk._native import Group, PendingCommit, inspect
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk._waiters import AsyncWaiters
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import (
     AccessError,
@@ -66,6 +66,7 @@ COMMIT_ATTEMPTS = 20
 CONSUMED_FLUSH = 256
 CONSUMED_FLUSH_SECONDS = 0.1
 IDLE_FLUSH_SECONDS = 0.005  # a reader waiting this long records what it read
+READ_WAKE = 0.5  # a waiting reader wakes at least this often (a missed wake-up costs this)
 
 # Which buffered messages a reader wants (adapters pick their protocol's envelopes).
 Accept = Callable[["Message"], bool]
@@ -148,7 +149,7 @@ class Channel:
         )
         self._closed: SvcError | None = None
         # Readers on event loops (svc_sdk.aio), woken with the threads (see _notify).
-        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._async_waiters = AsyncWaiters(self._cond)
         # Sequence numbers read but not yet deleted from the inbox (see _mark_consumed).
         self._unflushed: list[int] = []
         self._flushed_at = time.monotonic()
@@ -177,10 +178,7 @@ class Channel:
         its own loop; a loop that closed meanwhile has no reader left). Caller holds
         ``_cond``."""
         self._cond.notify_all()
-        waiters, self._async_waiters = self._async_waiters, []
-        for loop, future in waiters:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_wake, future)
+        self._async_waiters.wake_all()
 
     def _failed(self, error: SvcError) -> None:
         log.warning("channel %s: %s", self.name, error)
@@ -294,10 +292,14 @@ class Channel:
         outbox.wait_for_room(len(blobs), sum(map(len, blobs)), self._client.timeout)
         outbox.raise_deferred()
         with self._lock:
-            self._check_open()
-            self._drain_available()  # encrypt in the newest epoch we know of
-            epoch = self._group.epoch
-            return outbox.add(epoch, blobs, self._group.encrypt_batch(blobs))
+            return self._queue_locked(blobs)
+
+    def _queue_locked(self, blobs: list[bytes]) -> int:
+        """The step of ``_queue`` that encrypts and writes. Caller holds ``_lock``."""
+        self._check_open()
+        self._drain_available()  # encrypt in the newest epoch we know of
+        epoch = self._group.epoch
+        return self._outbox.add(epoch, blobs, self._group.encrypt_batch(blobs))
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -339,38 +341,52 @@ class Channel:
         self, timeout: float | None, accept: Accept | None, limit: int | None
     ) -> list[Message]:
         _check_wait(timeout, accept)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        idle_since = None
+        read = _ReadState(None if timeout is None else time.monotonic() + timeout)
         while True:
             with self._cond:
-                taken = self._pop(accept, limit)
-                if taken:
-                    self._mark_consumed(taken)
+                taken = self._read_step(accept, limit, read)
+                if taken is not None:
                     return taken
-                if self._closed is not None:
-                    return []
-                if not self._raw:
-                    now = time.monotonic()
-                    remaining = None if deadline is None else deadline - now
-                    if remaining is not None and remaining <= 0:
-                        return []
-                    wait = 0.5 if remaining is None else min(remaining, 0.5)
-                    if self._outstanding():
-                        # Nothing to read: the moment to record what was read. Not at
-                        # once: in a conversation the next message is about a millisecond
-                        # away, and the write would compete with it for the CPU.
-                        idle_since = now if idle_since is None else idle_since
-                        if now - idle_since >= IDLE_FLUSH_SECONDS:
-                            self._flush_consumed()
-                        else:
-                            wait = min(wait, IDLE_FLUSH_SECONDS)
-                    self._cond.wait(wait)
+                if read.wait:
+                    self._cond.wait(read.wait)
                     continue
             handed = self._process_for(accept, limit)
             if handed:
                 with self._cond:
                     self._mark_consumed(handed, stored=False)
                 return handed
+
+    def _read_step(
+        self, accept: Accept | None, limit: int | None, read: _ReadState
+    ) -> list[Message] | None:
+        """One step of a read (threads' and tasks' alike). Caller holds ``_cond``.
+        Returns what the read returns (messages, or [] once closed or timed out), or
+        None: then wait ``read.wait`` seconds, or with ``read.wait == 0`` process the
+        queued deliveries."""
+        read.wait = 0.0
+        taken = self._pop(accept, limit)
+        if taken:
+            self._mark_consumed(taken)
+            return taken
+        if self._closed is not None:
+            return []
+        if self._raw:
+            return None
+        now = time.monotonic()
+        remaining = None if read.deadline is None else read.deadline - now
+        if remaining is not None and remaining <= 0:
+            return []
+        read.wait = READ_WAKE if remaining is None else min(remaining, READ_WAKE)
+        if self._outstanding():
+            # Nothing to read: the moment to record what was read. Not at once: in a
+            # conversation the next message is about a millisecond away, and the write
+            # would compete with it for the CPU.
+            read.idle_since = now if read.idle_since is None else read.idle_since
+            if now - read.idle_since >= IDLE_FLUSH_SECONDS:
+                self._flush_consumed()
+            else:
+                read.wait = min(read.wait, IDLE_FLUSH_SECONDS)
+        return None
 
     def _pop(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Takes up to ``limit`` buffered messages that ``accept`` wants, in order."""
@@ -890,6 +906,18 @@ class Channel:
         return self._group.self_update() if self._proposals else None
 
 
+class _ReadState:
+    """Where a read is: its deadline, since when it has been idle, and how long its
+    next wait is (``Channel._read_step``)."""
+
+    __slots__ = ("deadline", "idle_since", "wait")
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.idle_since: float | None = None
+        self.wait = 0.0
+
+
 class _Progress:
     """How many of a batch's deliveries are durable: decrypted messages in the inbox and
     the engine's state written (``Channel._handle``)."""
@@ -902,11 +930,6 @@ class _Progress:
 
 def _any(message: Message) -> bool:
     return True
-
-
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 def _check_wait(timeout: object, accept: object) -> None:

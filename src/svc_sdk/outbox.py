@@ -27,12 +27,14 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
 
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk._waiters import AsyncWaiters
 from svc_sdk.errors import (
     ChannelClosedError,
     InternalError,
@@ -95,8 +97,56 @@ class Outbox:
         self._stopped = False
         self._retired = self._done_through  # rows deleted up to here
         self._thread: threading.Thread | None = None
+        # Tasks of svc_sdk.aio waiting for room or acknowledgements.
+        self._async_waiters = AsyncWaiters(self._cond)
         if self._entries:
             self._start()
+
+    def _notify(self) -> None:
+        """Wakes waiting threads and tasks (each on its own loop). Caller holds _cond."""
+        self._cond.notify_all()
+        self._async_waiters.wake_all()
+
+    def _full(self, count: int, size: int) -> bool:
+        """Whether ``count`` more messages of ``size`` bytes must wait (an empty outbox
+        takes anything). Caller holds _cond."""
+        return bool(self._entries) and (
+            len(self._entries) + count > OUTBOX_MESSAGES or self._bytes + size > OUTBOX_BYTES
+        )
+
+    async def _until(self, ready: Callable[[], bool], timeout: float | None, what: str) -> None:
+        """Awaits ``ready()`` (checked under _cond) without blocking the loop;
+        TransportError naming ``what`` after ``timeout``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._cond:
+                if ready():
+                    return
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TransportError(f"channel {self._channel.name!r}: {what}")
+                waiting = self._async_waiters.add()
+            await self._async_waiters.park(
+                waiting, 0.5 if remaining is None else min(remaining, 0.5)
+            )
+
+    async def wait_for_room_async(self, count: int, size: int, timeout: float) -> None:
+        """``wait_for_room`` for a coroutine."""
+        await self._until(
+            lambda: not self._full(count, size) or self._deferred is not None or self._stopped,
+            timeout,
+            f"the outbox is full ({len(self._entries)} messages not yet acknowledged by the relay)",
+        )
+
+    async def wait_async(self, through: int, timeout: float | None) -> None:
+        """``wait`` for a coroutine."""
+        await self._until(
+            lambda: self._done_through >= through or self._deferred is not None or self._stopped,
+            timeout,
+            f"{len(self._entries)} messages not acknowledged by the relay in time (they stay "
+            "in the outbox)",
+        )
+        self.wait(through, None)  # settled: raises what there is to raise, at once
 
     # -- the caller's side (any thread) -------------------------------------------------
 
@@ -115,9 +165,7 @@ class Outbox:
         """Blocks while the outbox is full (an empty outbox takes anything)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._entries and (
-                len(self._entries) + count > OUTBOX_MESSAGES or self._bytes + size > OUTBOX_BYTES
-            ):
+            while self._full(count, size):
                 if self._deferred is not None or self._stopped:
                     return  # the caller raises it
                 remaining = deadline - time.monotonic()
@@ -151,7 +199,7 @@ class Outbox:
                 # the pump (a thread hand-off per message); otherwise the pump sends it
                 # with whatever else waits, in one frame.
                 self._send_locked(link)
-            self._cond.notify_all()
+            self._notify()
         if self._thread is None:
             self._start()
         return entries[-1].pos
@@ -189,7 +237,7 @@ class Outbox:
             self._stopped = True
             if error is not None and self._entries:
                 self._drop_all(error, delete=False)
-            self._cond.notify_all()
+            self._notify()
         if error is None:
             with contextlib.suppress(Exception):  # the state may be closed already
                 self._retire()
@@ -217,7 +265,7 @@ class Outbox:
 
     def _settled(self, future: concurrent.futures.Future[pb.Reply]) -> None:
         with self._cond:
-            self._cond.notify_all()
+            self._notify()
 
     def _run(self) -> None:
         try:
@@ -354,7 +402,7 @@ class Outbox:
                 # disk for the next start).
                 with self._cond:
                     self._stopped = True
-                    self._cond.notify_all()
+                    self._notify()
                 return
             except TransportError as exc:
                 log.info("channel %s: %s; trying again", channel.name, exc)
@@ -376,7 +424,7 @@ class Outbox:
             time.sleep(RETRY_SECONDS)  # a lost connection: resent once it is back
         with self._cond:
             self._halted = None
-            self._cond.notify_all()
+            self._notify()
 
     def _reencrypt(self, epoch: int) -> None:
         channel = self._channel
@@ -412,4 +460,4 @@ class Outbox:
             self._bytes = 0
             self._deferred = error
         self._sent = 0
-        self._cond.notify_all()
+        self._notify()

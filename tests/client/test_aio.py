@@ -5,6 +5,7 @@ thread reading one channel at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from typing import Any
@@ -168,7 +169,7 @@ def test_the_async_client_end_to_end(stack: LocalStack, channel_name: str, ids: 
             await asyncio.to_thread(joined.channel.send, b"hi")
             first = await reading
             assert first is not None and (first.data, first.sender) == (b"hi", bob.agent_id)
-            await asyncio.to_thread(owner.channel.send, b"hello")
+            await owner.send(b"hello")
             message = await joined.next_message(timeout=10)
             assert message is not None and message.data == b"hello"
             assert message.sender == alice.agent_id
@@ -212,3 +213,70 @@ async def until_closed(manager: AsyncSvcChannelManager, channel_name: str) -> No
     """Reads until the removal reaches this agent (ChannelClosedError)."""
     for _ in range(50):
         await manager.receive(channel_name, timeout=0.2)
+
+
+def test_tasks_send_on_the_loop_each_in_order(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """Eight tasks send at once with ``await send`` (no thread); every message arrives
+    once, each task's in its order; wait_stored returns once the relay has them all."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+
+    async def main() -> None:
+        sender = AsyncChannel(chan_a)
+
+        async def task(t: int) -> None:
+            for i in range(100):
+                await sender.send(f"{t}:{i}".encode())
+
+        await asyncio.gather(*(task(t) for t in range(8)))
+        await sender.wait_stored(timeout=20)
+        assert sender.unsent == 0
+        await sender.send_batch([b"last"])  # returns once stored
+
+    with ca, cb:
+        asyncio.run(main())
+        got = read_all(chan_b, 801)
+        assert got[-1] == b"last" and len(set(got)) == 801
+        for t in range(8):
+            mine = [int(m.split(b":")[1]) for m in got[:-1] if m.startswith(f"{t}:".encode())]
+            assert mine == list(range(100)), f"task {t}'s messages in its order"
+
+
+def test_a_cancelled_send_is_queued_whole_or_not_at_all(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+
+    async def main() -> list[bytes]:
+        sender = AsyncChannel(chan_a)
+        done: list[bytes] = []
+
+        async def one(i: int) -> None:
+            payload = f"m{i}".encode()
+            await sender.send(payload)
+            done.append(payload)
+
+        for i in range(200):
+            task = asyncio.create_task(one(i))
+            if i % 3 == 0:
+                await asyncio.sleep(0)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await sender.wait_stored(timeout=20)
+        return done
+
+    with ca, cb:
+        done = asyncio.run(main())
+        got = read_all(chan_b, len(done)) if done else []
+        assert got == done, "exactly the sends that completed, in order"
+        assert chan_b.next_messages(0.5) == []
+
+
+def read_all(channel: Any, n: int) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < n and time.monotonic() < deadline:
+        got.extend(m.data for m in channel.next_messages(timeout=2))
+    return got
