@@ -323,7 +323,18 @@ class AsyncSvcChannelManager:
         """The channel's :class:`AsyncChannel` (ChannelClosedError if not in it)."""
         return AsyncChannel(self.manager._channel(channel_name))
 
-    # -- reading on the loop -----------------------------------------------------------
+    # -- on the loop -------------------------------------------------------------------
+
+    async def send(self, channel_name: str, message: str | bytes) -> None:
+        """See :meth:`SvcChannelManager.send` (str is UTF-8 encoded)."""
+        data = message.encode() if isinstance(message, str) else message
+        await self.channel(channel_name).send(data)
+
+    async def send_envelope(self, channel_name: str, envelope: Envelope) -> None:
+        """See :meth:`SvcChannelManager.send_envelope`."""
+        if not isinstance(envelope, Envelope):
+            raise TypeError("send_envelope takes an Envelope")
+        await self.channel(channel_name).send(envelope.serialize())
 
     async def receive(self, channel_name: str, timeout: float = 5.0) -> list[str]:
         """See :meth:`SvcChannelManager.receive`."""

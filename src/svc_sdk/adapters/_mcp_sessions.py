@@ -31,6 +31,7 @@ import anyio.to_thread
 from svc_sdk.adapters._reader import SLICE, EnvelopeReader
 from svc_sdk.adapters.content import JSON_TYPE, decode_jsonrpc
 from svc_sdk.agent_id import AgentId
+from svc_sdk.aio import AsyncSvcChannelManager
 from svc_sdk.channel import Message
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError, SvcError
@@ -317,9 +318,7 @@ async def send_end(manager: SvcChannelManager, channel: str, session: str) -> No
     envelope = Envelope(Protocol.MCP, JSON_TYPE, END_PAYLOAD, metadata)
     with anyio.move_on_after(5, shield=True):
         try:
-            await anyio.to_thread.run_sync(
-                manager.send_envelope, channel, envelope, abandon_on_cancel=True
-            )
+            await AsyncSvcChannelManager(manager).send_envelope(channel, envelope)
         except SvcError as exc:
             log.debug("end of MCP session %s on %s not sent: %s", session, channel, exc)
 
@@ -350,7 +349,7 @@ async def session_streams(
                 envelope = Envelope(
                     Protocol.MCP, JSON_TYPE, _encode(session_message.message), metadata
                 )
-                await anyio.to_thread.run_sync(manager.send_envelope, channel, envelope)
+                await AsyncSvcChannelManager(manager).send_envelope(channel, envelope)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(inbound)

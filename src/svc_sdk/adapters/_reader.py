@@ -2,10 +2,9 @@
 
 A reader takes only the envelopes its ``accept`` wants; the manager keeps the others
 buffered, in order, for other readers (``SvcChannelManager.receive_messages``). The async
-side waits in a worker thread that blocks on the channel itself, so a read wakes the
-moment a message is decrypted; the wait is cut into short slices only so that a
-cancelled read lets go of its thread soon. Whatever the thread takes goes into the
-reader's own buffer first, so cancelling a read never loses a message.
+side reads on the caller's loop (``svc_sdk.aio``), with no worker thread; what it takes
+goes into the reader's own buffer in the same step, so cancelling a read never loses a
+message.
 """
 
 from __future__ import annotations
@@ -14,14 +13,12 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-import anyio
-import anyio.to_thread
-
+from svc_sdk.aio import AsyncSvcChannelManager
 from svc_sdk.channel import Message
 from svc_sdk.envelope import Envelope
 from svc_sdk.manager import SvcChannelManager
 
-SLICE = 0.5  # seconds a worker thread blocks before looking whether it is still wanted
+SLICE = 0.5  # seconds an async read waits per round (it loops until a message comes)
 
 
 def parse(message: Message) -> Envelope | None:
@@ -43,8 +40,23 @@ class EnvelopeReader:
 
     def fetch(self, timeout: float) -> None:
         """Blocks up to ``timeout`` for wanted envelopes and buffers them (any thread)."""
-        # The channel calls ``wanted`` on each candidate, under its lock; what it parsed is
-        # kept for the messages it takes, so each payload is parsed once.
+        wanted, keep = self._wanted()
+        keep(self.manager.receive_messages(self.channel, timeout, accept=wanted))
+
+    async def afetch(self, timeout: float) -> None:
+        """``fetch`` on the caller's event loop."""
+        wanted, keep = self._wanted()
+        keep(
+            await AsyncSvcChannelManager(self.manager).receive_messages(
+                self.channel, timeout, accept=wanted
+            )
+        )
+
+    def _wanted(
+        self,
+    ) -> tuple[Callable[[Message], bool], Callable[[list[Message]], None]]:
+        """The channel calls ``wanted`` on each candidate, under its lock; what it parsed
+        is kept for the messages it takes (``keep``), so each payload is parsed once."""
         parsed: dict[int, Envelope] = {}
 
         def wanted(message: Message) -> bool:
@@ -54,14 +66,16 @@ class EnvelopeReader:
             parsed[id(message)] = envelope
             return True
 
-        taken = self.manager.receive_messages(self.channel, timeout, accept=wanted)
-        items = []
-        for message in taken:
-            envelope = parsed.get(id(message)) or parse(message)
-            assert envelope is not None  # wanted() accepted it, so it parses
-            items.append((message, envelope))
-        with self._lock:
-            self._buffer.extend(items)
+        def keep(taken: list[Message]) -> None:
+            items = []
+            for message in taken:
+                envelope = parsed.get(id(message)) or parse(message)
+                assert envelope is not None  # wanted() accepted it, so it parses
+                items.append((message, envelope))
+            with self._lock:
+                self._buffer.extend(items)
+
+        return wanted, keep
 
     def take(self, limit: int | None = None) -> list[tuple[Message, Envelope]]:
         with self._lock:
@@ -82,7 +96,7 @@ class EnvelopeReader:
             taken = self.take(1)
             if taken:
                 return taken[0]
-            await anyio.to_thread.run_sync(self.fetch, SLICE, abandon_on_cancel=True)
+            await self.afetch(SLICE)
 
 
 class Readers:

@@ -47,6 +47,7 @@ from svc_sdk.adapters._reader import EnvelopeReader
 from svc_sdk.adapters.a2a import PROTOCOL_BINDING
 from svc_sdk.adapters.content import A2A_RPC_TYPE
 from svc_sdk.agent_id import AgentId
+from svc_sdk.aio import AsyncSvcChannelManager
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError, TransportError
 from svc_sdk.manager import SvcChannelManager
@@ -67,7 +68,7 @@ def _frame(obj: dict[str, Any]) -> Envelope:
 
 
 async def _send(manager: SvcChannelManager, channel: str, obj: dict[str, Any]) -> None:
-    await anyio.to_thread.run_sync(manager.send_envelope, channel, _frame(obj))
+    await AsyncSvcChannelManager(manager).send_envelope(channel, _frame(obj))
 
 
 # -- client ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from svc_sdk.adapters._extras import require
 from svc_sdk.adapters._mcp_sessions import Hub, Inbox, is_mcp, send_end, session_streams, tag
 from svc_sdk.adapters._reader import EnvelopeReader
 from svc_sdk.adapters.content import JSON_TYPE, decode_jsonrpc
+from svc_sdk.aio import AsyncSvcChannelManager
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError, SvcError
 from svc_sdk.manager import SvcChannelManager
@@ -70,7 +71,7 @@ class SvcTransport:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a JSON-RPC message must be JSON: {exc}") from None
         envelope = Envelope(Protocol.MCP, JSON_TYPE, payload)
-        await anyio.to_thread.run_sync(self.manager.send_envelope, self.channel, envelope)
+        await AsyncSvcChannelManager(self.manager).send_envelope(self.channel, envelope)
 
     async def close(self) -> None:
         """Closes the transport (the channel stays; so does its membership)."""
