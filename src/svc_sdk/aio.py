@@ -125,6 +125,7 @@ class AsyncChannel:
     ) -> list[Message]:
         _check_wait(timeout, accept)
         channel = self.channel
+        await self._pending_work()  # what an earlier read found, before taking anything
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else time.monotonic() + timeout
         idle_since: float | None = None
@@ -170,12 +171,17 @@ class AsyncChannel:
                 handed = channel._process_locked(accept, limit)
             finally:
                 channel._lock.release()
-            if channel._has_pending_work():  # admitting a joiner: relay round trips
-                await anyio.to_thread.run_sync(channel._do_pending_work)
             if handed:
                 with channel._cond:
                     channel._mark_consumed(handed, stored=False)
-                return handed
+                return handed  # no await since they were taken: a cancel cannot drop them
+            await self._pending_work()
+
+    async def _pending_work(self) -> None:
+        """Admits joiners and commits proposals the channel found (relay round trips, in
+        a worker thread). Only ever awaited with no message taken."""
+        if self.channel._has_pending_work():
+            await anyio.to_thread.run_sync(self.channel._do_pending_work)
 
     # -- membership: a few round trips each, in a worker thread --------------------------
 

@@ -21,7 +21,7 @@ from svc_sdk import (
 )
 from svc_sdk.testing import LocalStack
 
-from .helpers import pair
+from .helpers import client, pair
 
 
 def test_async_for_reads_every_message_in_order(
@@ -212,3 +212,35 @@ async def until_closed(manager: AsyncSvcChannelManager, channel_name: str) -> No
     """Reads until the removal reaches this agent (ChannelClosedError)."""
     for _ in range(50):
         await manager.receive(channel_name, timeout=0.2)
+
+
+def test_a_read_cancelled_while_it_admits_a_joiner_loses_nothing(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """A read that decrypts a message and finds a join request in the same batch hands
+    the message over before it admits the joiner (relay round trips, in a worker
+    thread): a cancel during the admission must not drop the message it took."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    cc = client(stack, ids("c"))
+    token = ca.invite(channel_name)
+    with ca, cb, cc:
+        chan_b.send(b"x")
+        joining = threading.Thread(target=cc.join_with_token, args=(channel_name, token, 15))
+        joining.start()
+        time.sleep(1.0)  # the message and the join request both wait at alice, encrypted
+
+        async def main() -> list[bytes]:
+            reader = AsyncChannel(chan_a)
+            task = asyncio.create_task(reader.next_messages(timeout=5))
+            await asyncio.sleep(0.005)
+            task.cancel()
+            try:
+                got = [m.data for m in await task]
+            except asyncio.CancelledError:
+                got = []
+            got += [m.data for m in await reader.next_messages(timeout=2)]  # admits c
+            return got
+
+        assert asyncio.run(main()) == [b"x"]
+        joining.join(20)
+        assert cc.channels() == [channel_name], "the joiner was admitted all the same"
