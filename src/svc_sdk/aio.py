@@ -30,11 +30,11 @@ import anyio.to_thread
 
 from svc_sdk.agent_id import AgentId
 from svc_sdk.channel import (
-    IDLE_FLUSH_SECONDS,
     Accept,
     Channel,
     Message,
     _check_wait,
+    _ReadState,
     _wake,
 )
 from svc_sdk.client import SvcClient
@@ -46,8 +46,6 @@ from svc_sdk.manager import SvcChannelManager, to_envelope
 # While another thread holds the channel's lock (a commit waiting for the relay), a
 # task polls for it at this interval instead of blocking its loop.
 _LOCK_POLL = 0.001
-# A waiting reader wakes at least this often (a missed wake-up costs no more than this).
-_IDLE_WAKE = 0.5
 
 
 class AsyncChannel:
@@ -127,35 +125,20 @@ class AsyncChannel:
         channel = self.channel
         await self._pending_work()  # what an earlier read found, before taking anything
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        idle_since: float | None = None
+        read = _ReadState(None if timeout is None else time.monotonic() + timeout)
         while True:
             waiter: asyncio.Future[None] | None = None
             with channel._cond:
-                taken = channel._pop(accept, limit)
-                if taken:
-                    channel._mark_consumed(taken)
+                taken = channel._read_step(accept, limit, read)
+                if taken is not None:
                     return taken
-                if channel._closed is not None:
-                    return []
-                if not channel._raw:
-                    now = time.monotonic()
-                    remaining = None if deadline is None else deadline - now
-                    if remaining is not None and remaining <= 0:
-                        return []
-                    wait = _IDLE_WAKE if remaining is None else min(remaining, _IDLE_WAKE)
-                    if channel._outstanding():  # idle: record what was read (as readers do)
-                        idle_since = now if idle_since is None else idle_since
-                        if now - idle_since >= IDLE_FLUSH_SECONDS:
-                            channel._flush_consumed()
-                        else:
-                            wait = min(wait, IDLE_FLUSH_SECONDS)
+                if read.wait:
                     waiter = loop.create_future()
                     channel._async_waiters.append((loop, waiter))
             if waiter is not None:
                 # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that meets
                 # the wake-up, and a cancelled caller would drop what we return.
-                timer = loop.call_later(wait, _wake, waiter)
+                timer = loop.call_later(read.wait, _wake, waiter)
                 try:
                     await waiter
                 finally:

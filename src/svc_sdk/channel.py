@@ -69,6 +69,7 @@ COMMIT_ATTEMPTS = 20
 CONSUMED_FLUSH = 256
 CONSUMED_FLUSH_SECONDS = 0.1
 IDLE_FLUSH_SECONDS = 0.005  # a reader waiting this long records what it read
+READ_WAKE = 0.5  # a waiting reader wakes at least this often (a missed wake-up costs this)
 
 # Which buffered messages a reader wants (adapters pick their protocol's envelopes).
 Accept = Callable[["Message"], bool]
@@ -346,38 +347,52 @@ class Channel:
         self, timeout: float | None, accept: Accept | None, limit: int | None
     ) -> list[Message]:
         _check_wait(timeout, accept)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        idle_since = None
+        read = _ReadState(None if timeout is None else time.monotonic() + timeout)
         while True:
             with self._cond:
-                taken = self._pop(accept, limit)
-                if taken:
-                    self._mark_consumed(taken)
+                taken = self._read_step(accept, limit, read)
+                if taken is not None:
                     return taken
-                if self._closed is not None:
-                    return []
-                if not self._raw:
-                    now = time.monotonic()
-                    remaining = None if deadline is None else deadline - now
-                    if remaining is not None and remaining <= 0:
-                        return []
-                    wait = 0.5 if remaining is None else min(remaining, 0.5)
-                    if self._outstanding():
-                        # Nothing to read: the moment to record what was read. Not at
-                        # once: in a conversation the next message is about a millisecond
-                        # away, and the write would compete with it for the CPU.
-                        idle_since = now if idle_since is None else idle_since
-                        if now - idle_since >= IDLE_FLUSH_SECONDS:
-                            self._flush_consumed()
-                        else:
-                            wait = min(wait, IDLE_FLUSH_SECONDS)
-                    self._cond.wait(wait)
+                if read.wait:
+                    self._cond.wait(read.wait)
                     continue
             handed = self._process_for(accept, limit)
             if handed:
                 with self._cond:
                     self._mark_consumed(handed, stored=False)
                 return handed
+
+    def _read_step(
+        self, accept: Accept | None, limit: int | None, read: _ReadState
+    ) -> list[Message] | None:
+        """One step of a read (threads' and tasks' alike). Caller holds ``_cond``.
+        Returns what the read returns (messages, or [] once closed or timed out), or
+        None: then wait ``read.wait`` seconds, or with ``read.wait == 0`` process the
+        queued deliveries."""
+        read.wait = 0.0
+        taken = self._pop(accept, limit)
+        if taken:
+            self._mark_consumed(taken)
+            return taken
+        if self._closed is not None:
+            return []
+        if self._raw:
+            return None
+        now = time.monotonic()
+        remaining = None if read.deadline is None else read.deadline - now
+        if remaining is not None and remaining <= 0:
+            return []
+        read.wait = READ_WAKE if remaining is None else min(remaining, READ_WAKE)
+        if self._outstanding():
+            # Nothing to read: the moment to record what was read. Not at once: in a
+            # conversation the next message is about a millisecond away, and the write
+            # would compete with it for the CPU.
+            read.idle_since = now if read.idle_since is None else read.idle_since
+            if now - read.idle_since >= IDLE_FLUSH_SECONDS:
+                self._flush_consumed()
+            else:
+                read.wait = min(read.wait, IDLE_FLUSH_SECONDS)
+        return None
 
     def _pop(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Takes up to ``limit`` buffered messages that ``accept`` wants, in order."""
@@ -895,6 +910,18 @@ class Channel:
 
     def _commit_proposals(self) -> PendingCommit | None:
         return self._group.self_update() if self._proposals else None
+
+
+class _ReadState:
+    """Where a read is: its deadline, since when it has been idle, and how long its
+    next wait is (``Channel._read_step``)."""
+
+    __slots__ = ("deadline", "idle_since", "wait")
+
+    def __init__(self, deadline: float | None) -> None:
+        self.deadline = deadline
+        self.idle_since: float | None = None
+        self.wait = 0.0
 
 
 class _Progress:
