@@ -20,6 +20,7 @@ from svc_sdk import (
     Envelope,
     Protocol,
 )
+from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.testing import LocalStack
 
 from .helpers import client, pair
@@ -291,3 +292,29 @@ def test_bad_input_to_the_async_face(stack: LocalStack, channel_name: str, ids: 
         asyncio.run(main())
         chan_a.send(b"still fine")
         assert [m.data for m in chan_b.next_messages(timeout=10)] == [b"still fine"]
+
+
+def test_a_members_replayed_message_is_skipped_by_an_async_reader(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """An admitted member publishes the same ciphertext twice (the relay cannot tell a
+    replay: it sees only ciphertext). The async reader hands the message over once,
+    skips the copy, and goes on reading."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        ciphertext = chan_a._group.encrypt(b"once")
+        frame = pb.Publish(channel=channel_name, message=[ciphertext, ciphertext])
+        ca.wait(ca.link.send_soon(10, publish=frame))
+        chan_a.send(b"after")
+
+        async def main() -> list[bytes]:
+            reader = AsyncChannel(chan_b)
+            got: list[bytes] = []
+            while len(got) < 2:
+                taken = await reader.next_messages(timeout=10)
+                assert taken, f"got only {got}"
+                got += [m.data for m in taken]
+            got += [m.data for m in await reader.next_messages(timeout=0.5)]
+            return got
+
+        assert asyncio.run(main()) == [b"once", b"after"]
