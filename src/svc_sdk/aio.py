@@ -55,6 +55,8 @@ class AsyncChannel:
     faces can be used at once, from threads and tasks."""
 
     def __init__(self, channel: Channel) -> None:
+        if not isinstance(channel, Channel):
+            raise TypeError(f"AsyncChannel wraps a Channel, not {type(channel).__name__}")
         self.channel = channel
 
     @property
@@ -224,6 +226,8 @@ class AsyncSvcClient:
     or wrap a blocking client: ``AsyncSvcClient(client)``."""
 
     def __init__(self, client: SvcClient) -> None:
+        if not isinstance(client, SvcClient):
+            raise TypeError(f"AsyncSvcClient wraps an SvcClient, not {type(client).__name__}")
         self.client = client
 
     @classmethod
@@ -300,6 +304,10 @@ class AsyncSvcChannelManager:
     """
 
     def __init__(self, manager: SvcChannelManager) -> None:
+        if not isinstance(manager, SvcChannelManager):
+            raise TypeError(
+                f"AsyncSvcChannelManager wraps an SvcChannelManager, not {type(manager).__name__}"
+            )
         self.manager = manager
 
     @classmethod

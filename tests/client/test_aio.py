@@ -17,9 +17,11 @@ from svc_sdk import (
     AsyncSvcChannelManager,
     AsyncSvcClient,
     ChannelClosedError,
+    ChannelNameError,
     Envelope,
     Protocol,
 )
+from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.testing import LocalStack
 
 from .helpers import client, pair
@@ -312,3 +314,75 @@ def test_a_read_cancelled_while_it_admits_a_joiner_loses_nothing(
         assert asyncio.run(main()) == [b"x"]
         joining.join(20)
         assert cc.channels() == [channel_name], "the joiner was admitted all the same"
+
+
+def test_bad_input_to_the_async_face(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    """Each async entry point refuses bad arguments with the blocking API's errors, before
+    waiting or taking anything."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+
+    async def main() -> None:
+        reader = AsyncChannel(chan_b)
+        for kwargs, error in [
+            ({"limit": 0}, ValueError),
+            ({"limit": True}, ValueError),
+            ({"limit": "3"}, ValueError),
+            ({"timeout": "soon"}, TypeError),
+            ({"timeout": -1}, ValueError),
+            ({"timeout": float("nan")}, ValueError),
+            ({"accept": 1}, TypeError),
+        ]:
+            with pytest.raises(error):
+                await reader.next_messages(**kwargs)
+        with pytest.raises(TypeError):
+            await reader.messages(timeout="soon").__anext__()
+        manager = AsyncSvcChannelManager(stack.manager(ids("m")))
+        async with manager:
+            with pytest.raises(ChannelNameError):
+                await manager.receive("not a channel name")
+            with pytest.raises(ChannelClosedError):
+                await manager.receive("acme/tests/not-joined", timeout=0)
+            own = f"{channel_name}-m"
+            await manager.create(own)
+            with pytest.raises(ValueError):
+                await manager.receive(own, timeout=-1)
+            with pytest.raises(TypeError):
+                await manager.receive_messages(own, accept="all")  # type: ignore[arg-type]
+
+    with ca, cb:
+        for wrap, thing in [(AsyncChannel, cb), (AsyncSvcClient, chan_b)]:
+            with pytest.raises(TypeError, match="wraps"):
+                wrap(thing)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="wraps"):
+            AsyncSvcChannelManager(cb)  # type: ignore[arg-type]
+        with pytest.raises(KeyError):
+            AsyncSvcClient(cb).channel("acme/tests/not-joined")
+        asyncio.run(main())
+        chan_a.send(b"still fine")
+        assert [m.data for m in chan_b.next_messages(timeout=10)] == [b"still fine"]
+
+
+def test_a_members_replayed_message_is_skipped_by_an_async_reader(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """An admitted member publishes the same ciphertext twice (the relay cannot tell a
+    replay: it sees only ciphertext). The async reader hands the message over once,
+    skips the copy, and goes on reading."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        ciphertext = chan_a._group.encrypt(b"once")
+        frame = pb.Publish(channel=channel_name, message=[ciphertext, ciphertext])
+        ca.wait(ca.link.send_soon(10, publish=frame))
+        chan_a.send(b"after")
+
+        async def main() -> list[bytes]:
+            reader = AsyncChannel(chan_b)
+            got: list[bytes] = []
+            while len(got) < 2:
+                taken = await reader.next_messages(timeout=10)
+                assert taken, f"got only {got}"
+                got += [m.data for m in taken]
+            got += [m.data for m in await reader.next_messages(timeout=0.5)]
+            return got
+
+        assert asyncio.run(main()) == [b"once", b"after"]

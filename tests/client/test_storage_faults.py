@@ -163,15 +163,7 @@ def test_a_failed_record_of_what_was_read_hands_out_everything_once(
     written once the disk has room; an explicit flush() says it failed."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca:
-        real = cb.state.consumed
-        full = [True]
-
-        def consumed(*args: Any) -> None:
-            if full[0]:
-                raise sqlite3.OperationalError("database or disk is full (injected)")
-            real(*args)
-
-        cb.state.consumed = consumed  # type: ignore[method-assign]
+        full = disk_full(cb, "consumed")
         sent = [f"m{i}".encode() for i in range(40)]
         chan_a.send_batch(sent)
         time.sleep(0.3)
@@ -196,17 +188,18 @@ def client_in(stack: LocalStack, old: Any) -> Any:
     return client(stack, old.identity.decode(), data_dir=old.engine.data_dir)
 
 
-def full_inbox(client: Any) -> list[bool]:
-    """Makes ``client``'s inbox writes fail while the returned flag is true."""
-    real = client.state.advance
+def disk_full(client: Any, write: str = "advance") -> list[bool]:
+    """Makes ``client``'s local-state ``write`` (the inbox write by default) fail as a
+    full disk does, while the returned flag is true."""
+    real = getattr(client.state, write)
     full = [True]
 
-    def advance(*args: Any) -> None:
+    def failing(*args: Any) -> None:
         if full[0]:
             raise sqlite3.OperationalError("database or disk is full (injected)")
         real(*args)
 
-    client.state.advance = advance
+    setattr(client.state, write, failing)
     return full
 
 
@@ -218,7 +211,7 @@ def test_health_shows_a_storage_fault_until_storing_works(
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca, cb:
         assert cb.health().ok and cb.health().storage_errors == {}
-        full = full_inbox(cb)
+        full = disk_full(cb)
         sent = [f"m{i}".encode() for i in range(20)]
         chan_a.send_batch(sent)
         time.sleep(0.3)
@@ -262,7 +255,7 @@ def test_the_managers_health_shows_what_its_listener_cannot_store(
     with alice, bob:
         alice.create(channel_name)
         bob.join_with_token(channel_name, alice.invite(channel_name), timeout=15)
-        full = full_inbox(bob.client)
+        full = disk_full(bob.client)
         for i in range(10):
             alice.send(channel_name, f"m{i}")
         deadline = time.monotonic() + 10
