@@ -43,14 +43,14 @@ class EnvelopeReader:
         wanted, keep = self._wanted()
         keep(self.manager.receive_messages(self.channel, timeout, accept=wanted))
 
-    async def afetch(self, timeout: float) -> None:
-        """``fetch`` on the caller's event loop."""
+    async def afetch(self, timeout: float) -> int:
+        """``fetch`` on the caller's event loop; returns how many it took."""
         wanted, keep = self._wanted()
-        keep(
-            await AsyncSvcChannelManager(self.manager).receive_messages(
-                self.channel, timeout, accept=wanted
-            )
+        taken = await AsyncSvcChannelManager(self.manager).receive_messages(
+            self.channel, timeout, accept=wanted
         )
+        keep(taken)
+        return len(taken)
 
     def _wanted(
         self,
@@ -96,7 +96,11 @@ class EnvelopeReader:
             taken = self.take(1)
             if taken:
                 return taken[0]
-            await self.afetch(SLICE)
+            if not await self.afetch(SLICE):
+                # Nothing within SLICE, or nothing at once because the channel is closed
+                # (a read of a closed channel returns []): raise its reason, or this loop
+                # would never give the event loop back.
+                self.manager._channel(self.channel)._check_open()
 
 
 class Readers:
