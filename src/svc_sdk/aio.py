@@ -29,15 +29,10 @@ from typing import Any, cast
 
 import anyio.to_thread
 
+from svc_sdk._checks import check_payload, check_wait
+from svc_sdk._reader import ReadState
 from svc_sdk.agent_id import AgentId
-from svc_sdk.channel import (
-    Accept,
-    Channel,
-    Message,
-    _check_wait,
-    _payload,
-    _ReadState,
-)
+from svc_sdk.channel import Accept, Channel, Message
 from svc_sdk.client import SvcClient
 from svc_sdk.envelope import Envelope
 from svc_sdk.errors import ChannelClosedError
@@ -111,7 +106,7 @@ class AsyncChannel:
     async def messages(self, timeout: float | None = None) -> AsyncIterator[bytes]:
         """Decrypted payloads, in channel order, until the channel closes (or, with
         ``timeout``, until that many seconds pass without one)."""
-        _check_wait(timeout, None)
+        check_wait(timeout, None)
         while True:
             message = await self.next_message(timeout)
             if message is None:
@@ -124,13 +119,13 @@ class AsyncChannel:
     async def _read(
         self, timeout: float | None, accept: Accept | None, limit: int | None
     ) -> list[Message]:
-        _check_wait(timeout, accept)
+        check_wait(timeout, accept)
         channel = self.channel
         await self._pending_work()  # what an earlier read found, before taking anything
-        read = _ReadState(None if timeout is None else time.monotonic() + timeout)
+        read = ReadState(None if timeout is None else time.monotonic() + timeout)
         while True:
             with channel._cond:
-                taken = channel._read_step(accept, limit, read)
+                taken = channel._reader.step(accept, limit, read)
                 if taken is not None:
                     return taken
                 waiting = channel._async_waiters.add() if read.wait else None
@@ -141,20 +136,20 @@ class AsyncChannel:
                 await asyncio.sleep(_LOCK_POLL)  # a commit in another thread; not for long
                 continue
             try:
-                handed = channel._process_locked(accept, limit)
+                handed = channel._deliveries.process_locked(accept, limit)
             finally:
                 channel._lock.release()
             if handed:
                 with channel._cond:
-                    channel._mark_consumed(handed, stored=False)
+                    channel._inbox.mark_consumed(handed, stored=False)
                 return handed  # no await since they were taken: a cancel cannot drop them
             await self._pending_work()
 
     async def _pending_work(self) -> None:
         """Admits joiners and commits proposals the channel found (relay round trips, in
         a worker thread). Only ever awaited with no message taken."""
-        if self.channel._has_pending_work():
-            await anyio.to_thread.run_sync(self.channel._do_pending_work)
+        if self.channel._admissions.has_work():
+            await anyio.to_thread.run_sync(self.channel._admissions.do_work)
 
     # -- sending: a local step, then the outbox's pump ---------------------------------
 
@@ -162,13 +157,13 @@ class AsyncChannel:
         """See :meth:`Channel.send`: returns once the message is durably in the outbox,
         without blocking the loop (it awaits room when the outbox is full). A cancelled
         send either queued the message whole or not at all."""
-        await self._queue([_payload(payload)])
+        await self._queue([check_payload(payload)])
 
     async def send_batch(self, payloads: list[bytes]) -> None:
         """See :meth:`Channel.send_batch`: returns once the relay stored them all."""
         if isinstance(cast(object, payloads), bytes | bytearray | memoryview | str):
             raise TypeError("send_batch takes a list of bytes; use send() for one message")
-        blobs = [_payload(payload) for payload in payloads]
+        blobs = [check_payload(payload) for payload in payloads]
         outbox = self.channel._outbox
         if not blobs:
             outbox.raise_deferred()
@@ -178,7 +173,7 @@ class AsyncChannel:
 
     async def wait_stored(self, timeout: float | None = None) -> None:
         """See :meth:`Channel.wait_stored`."""
-        _check_wait(timeout, None)
+        check_wait(timeout, None)
         outbox = self.channel._outbox
         await outbox.wait_async(outbox.last_pos(), timeout)
 

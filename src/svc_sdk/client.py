@@ -477,7 +477,7 @@ class SvcClient:
             # On a full disk the record of what was read stays unwritten (logged): after
             # a restart those messages come again, none is lost. Closing goes on.
             with channel._cond:
-                channel._flush_consumed()
+                channel._inbox.flush()
             channel._close(ChannelClosedError("the client is closed"))
         # Attributes are missing when the constructor failed part-way.
         if getattr(self, "link", None) is not None:

@@ -2,7 +2,7 @@
 
 A failed local write (disk full, I/O error, a read-only remount) never loses a message:
 the channel keeps what it received, still encrypted, and processes it again once
-storage works (see :mod:`svc_sdk.channel`). The reading call raises the fault as an
+storage works (see :mod:`svc_sdk._deliveries`). The reading call raises the fault as an
 :class:`~svc_sdk.InternalError`; a health check shows it standing until it clears::
 
     health = client.health()

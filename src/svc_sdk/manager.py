@@ -121,8 +121,8 @@ class SvcChannelManager:
         fault = ""
         while not self._stop.is_set() and not channel.closed:
             try:
-                channel._wait_for_deliveries(STOP_POLL)
-                channel._process_pending()
+                channel._deliveries.wait(STOP_POLL)
+                channel._deliveries.process_pending()
                 channel._flush_if_due()  # what readers took, recorded while idle
                 if fault:
                     log.warning("channel %s: storing works again", channel.name)

@@ -91,7 +91,7 @@ def test_a_waiting_reader_gets_its_message_without_the_inbox(
         # A reader that waits records how far it got, so the cursor catches up.
         assert chan_b.next_message(0.2) is None
         ((_, cursor, _),) = [c for c in cb.state.channels() if c[0] == channel_name]
-        assert cursor == chan_b._cursor > 0
+        assert cursor == chan_b._inbox.cursor > 0
 
 
 def test_next_messages_takes_what_is_there_in_order(
@@ -228,8 +228,8 @@ def test_leave_is_committed_by_another_member(
 
         def listen() -> None:  # a member must be online to commit the removal
             while not stop.is_set():
-                chan_a._wait_for_deliveries(0.1)
-                chan_a._process_pending()
+                chan_a._deliveries.wait(0.1)
+                chan_a._deliveries.process_pending()
 
         listener = threading.Thread(target=listen)
         listener.start()

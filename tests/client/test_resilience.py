@@ -244,9 +244,9 @@ def crash(*args):  # dies after decrypting, before the inbox write
 LocalState.advance = crash
 channel = SvcClient(relay, data_dir, identity.encode(), key, api).channel(name)
 print("ready", flush=True)
-assert channel._wait_for_deliveries(20)
+assert channel._deliveries.wait(20)
 time.sleep(0.3)  # both messages queued
-channel._process_pending()  # nobody reading: decrypt into the inbox
+channel._deliveries.process_pending()  # nobody reading: decrypt into the inbox
 print("not reached", flush=True)
 """
 

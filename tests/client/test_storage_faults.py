@@ -171,7 +171,7 @@ def test_a_failed_record_of_what_was_read_hands_out_everything_once(
         got: list[bytes] = []
         while len(got) < len(sent):
             got.extend(m.data for m in chan_b.next_messages(timeout=5))
-            chan_b._flushed_at = 0.0  # every read flushes: every read meets the full disk
+            chan_b._inbox.flushed_at = 0.0  # every read flushes: every read meets the full disk
         assert got == sent
         with pytest.raises(InternalError, match="could not record which messages were read"):
             chan_b.flush()

@@ -1,0 +1,71 @@
+"""Commits a channel makes on its own: adding agents that redeemed invites, and
+committing members' leave proposals. Processing finds them; they need the relay, so
+they are made after the lock for processing is released."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from svc_sdk._native import PendingCommit
+from svc_sdk.errors import MlsError, SvcError
+
+if TYPE_CHECKING:
+    from svc_sdk.channel import Channel
+
+log = logging.getLogger("svc_sdk.channel")  # one logger for all of a channel's parts
+
+
+class Admissions:
+    """The join requests (who, key package) and whether proposals wait for a commit."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self.join_requests: list[tuple[bytes, bytes]] = []
+        self.proposals = False
+
+    def has_work(self) -> bool:
+        """Whether ``do_work`` has commits to make (they need the relay)."""
+        return bool(self.join_requests or self.proposals) and self._channel._closed is None
+
+    def do_work(self) -> None:
+        """Adds agents that redeemed invites and commits members' leave proposals."""
+        channel = self._channel
+        if channel._commits.active or channel._closed is not None:
+            return
+        try:
+            while self.join_requests and channel._closed is None:
+                if channel._commits.commit(self._next_admission) is None:
+                    break
+            if self.proposals and channel._closed is None:
+                channel._commits.commit(self._commit_proposals)
+        except SvcError as exc:  # MlsError included
+            log.warning("channel %s: %s", channel.name, exc)
+
+    def _is_admin(self) -> bool:
+        channel = self._channel
+        me = channel._client.engine.member_id
+        return me is not None and channel._group.roles().role(me) != "member"
+
+    def _next_admission(self) -> PendingCommit | None:
+        group = self._channel._group
+        if not self._is_admin():
+            # Only the owner and admins add members; a redemption is for them to act on.
+            self.join_requests.clear()
+            return None
+        members = set(group.members())
+        self.join_requests = [(w, kp) for w, kp in self.join_requests if w not in members]
+        # One commit per joiner: a bad key package cannot hold up the others.
+        while self.join_requests:
+            who, kp = self.join_requests[0]
+            try:
+                return group.add_members([kp])
+            except MlsError as exc:
+                log.warning(
+                    "channel %s: join request from %r dropped: %s", self._channel.name, who, exc
+                )
+                self.join_requests.pop(0)
+        return None
+
+    def _commit_proposals(self) -> PendingCommit | None:
+        return self._channel._group.self_update() if self.proposals else None
