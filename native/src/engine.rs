@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
-use mls_rs::client_builder::{BaseSqlConfig, WithCryptoProvider, WithIdentityProvider, WithMlsRules};
+use mls_rs::client_builder::{
+    BaseSqlConfig, WithCryptoProvider, WithGroupStateStorage, WithIdentityProvider, WithMlsRules,
+};
 use mls_rs::identity::{Credential, SigningIdentity};
-use mls_rs::storage_provider::sqlite::storage::SqLiteGroupStateStorage;
 use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList};
 use mls_rs_core::crypto::{SignaturePublicKey, SignatureSecretKey};
 use mls_rs_core::group::GroupStateStorage;
@@ -20,6 +21,7 @@ use crate::credential::{
 use crate::data_dir::{self, DataDirLock};
 use crate::error::{EngineError, Result};
 use crate::group::GroupHandle;
+use crate::group_store::GroupStore;
 use crate::identity::{member_id, SvcIdentityProvider};
 use crate::message::{expect_kind, parse};
 use crate::policy::{initial_extensions, SvcRules, ROLES_EXTENSION};
@@ -28,8 +30,10 @@ use mls_rs_core::error::IntoAnyError;
 
 /// The crypto provider, chosen by measurement (docs/performance.md).
 pub type Crypto = mls_rs_crypto_awslc::AwsLcCryptoProvider;
-pub type Config =
-    WithIdentityProvider<SvcIdentityProvider, WithCryptoProvider<Crypto, WithMlsRules<SvcRules, BaseSqlConfig>>>;
+pub type Config = WithIdentityProvider<
+    SvcIdentityProvider,
+    WithCryptoProvider<Crypto, WithMlsRules<SvcRules, WithGroupStateStorage<GroupStore, BaseSqlConfig>>>,
+>;
 pub type MlsClient = Client<Config>;
 
 /// Suite 1, MLS_128_DHKEMX25519_AES128GCM_SHA256_Ed25519: with aws-lc it signs 1.7x and
@@ -102,7 +106,7 @@ pub struct Engine {
     pub(crate) db: PathBuf,
     store: Mutex<IdentityStore>,
     data_dir: PathBuf,
-    group_storage: SqLiteGroupStateStorage,
+    group_storage: GroupStore,
     // One handle per group, so every caller shares one ratchet state and one lock.
     groups: Mutex<HashMap<Vec<u8>, Arc<GroupHandle>>>,
     // Held until `close` or drop: no other process uses this data_dir meanwhile.
@@ -169,8 +173,8 @@ impl Engine {
             let signing = SigningIdentity::new(cred.to_mls_credential()?, agent.public_key.clone());
             agent.set_current(signing, cred.content);
         }
-        let client = build_client(&db, &agent, suite)?;
-        let group_storage = client.group_state_storage();
+        let group_storage = GroupStore::open(&db)?;
+        let client = build_client(&db, &group_storage, &agent, suite)?;
         Ok(Self {
             client: RwLock::new(client),
             agent,
@@ -276,7 +280,7 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .set_credential(bytes)?;
         self.agent.set_current(signing, cred.content.clone());
-        *client = build_client(&self.db, &self.agent, self.cipher_suite)?;
+        *client = build_client(&self.db, &self.group_storage, &self.agent, self.cipher_suite)?;
         Ok(cred.content)
     }
 
@@ -432,10 +436,7 @@ impl Engine {
     }
 
     pub fn group_ids(&self) -> Result<Vec<Vec<u8>>> {
-        let mut ids = self
-            .group_storage
-            .group_ids()
-            .map_err(|e| EngineError::Storage(e.to_string()))?;
+        let mut ids = self.group_storage.group_ids()?;
         ids.sort();
         Ok(ids)
     }
@@ -446,23 +447,18 @@ impl Engine {
         if let Some(handle) = groups.remove(group_id) {
             handle.mark_removed();
         }
-        self.group_storage
-            .delete_group(group_id)
-            .map_err(|e| EngineError::Storage(e.to_string()))
+        self.group_storage.delete_group(group_id)
     }
 
     fn stored(&self, group_id: &[u8]) -> Result<bool> {
-        Ok(self
-            .group_storage
-            .state(group_id)
-            .map_err(|e| EngineError::Storage(e.to_string()))?
-            .is_some())
+        Ok(self.group_storage.state(group_id)?.is_some())
     }
 }
 
-fn build_client(db: &Path, agent: &Agent, suite: CipherSuite) -> Result<MlsClient> {
+fn build_client(db: &Path, groups: &GroupStore, agent: &Agent, suite: CipherSuite) -> Result<MlsClient> {
     let builder = mls_rs::client_builder::ClientBuilder::new_sqlite(storage::storage_engine(db))
         .map_err(|e| EngineError::Storage(e.to_string()))?
+        .group_state_storage(groups.clone())
         .extension_type(mls_rs_core::extension::ExtensionType::new(ROLES_EXTENSION))
         .mls_rules(SvcRules)
         .crypto_provider(Crypto::default())

@@ -212,3 +212,10 @@ impl From<rusqlite::Error> for EngineError {
         EngineError::Storage(e.to_string())
     }
 }
+
+/// The group store (`group_store.rs`) hands these to mls-rs, which wraps them.
+impl mls_rs_core::error::IntoAnyError for EngineError {
+    fn into_dyn_error(self) -> std::result::Result<Box<dyn std::error::Error + Send + Sync>, Self> {
+        Ok(Box::new(self))
+    }
+}

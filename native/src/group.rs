@@ -13,6 +13,7 @@ use mls_rs::{Group, WireFormat};
 
 use crate::engine::{Agent, Config, MlsClient};
 use crate::error::{EngineError, Result};
+use crate::group_store::OutboxRow;
 use crate::identity::member_id_of;
 use crate::message::{expect_kind, is_commit, parse};
 use crate::policy::{with_roles, Role, RolesExt};
@@ -309,6 +310,49 @@ impl GroupHandle {
         })
     }
 
+    /// Encrypts outbox entries `(pos, id, payload)` and stores each as an outbox row in
+    /// the same transaction as the advanced ratchet (`group_store.rs`): after a crash the
+    /// rows exist exactly when their key generations were recorded as used. An entry at
+    /// a position already queued replaces it (a message re-encrypted in a newer epoch).
+    /// Returns the epoch and the ciphertexts, in order.
+    pub fn encrypt_queued(&self, entries: &[(u64, &[u8], &[u8])]) -> Result<(u64, Vec<Vec<u8>>)> {
+        let store = self.client.group_state_storage();
+        self.mutate(|g| {
+            let epoch = g.current_epoch();
+            let mut rows = Vec::with_capacity(entries.len());
+            for &(pos, id, payload) in entries {
+                let ciphertext = g
+                    .encrypt_application_message(payload, Vec::new())
+                    .map_err(|e| EngineError::mls("encrypt", e))?
+                    .to_bytes()
+                    .map_err(|e| EngineError::mls("encode", e))?;
+                rows.push(OutboxRow {
+                    pos,
+                    id: id.to_vec(),
+                    epoch,
+                    payload: payload.to_vec(),
+                    ciphertext,
+                });
+            }
+            let ciphertexts = rows.iter().map(|r| r.ciphertext.clone()).collect();
+            store.stage(&self.group_id, rows);
+            let written = g.write_to_storage();
+            store.unstage(&self.group_id);
+            written.map_err(|e| EngineError::mls("group storage", e))?;
+            Ok((epoch, ciphertexts))
+        })
+    }
+
+    /// This group's outbox: what was encrypted and not yet acknowledged, in order.
+    pub fn outbox(&self) -> Result<Vec<OutboxRow>> {
+        self.client.group_state_storage().outbox(&self.group_id)
+    }
+
+    /// Deletes the outbox rows up to position `through` (acknowledged or given up on).
+    pub fn retire_outbox(&self, through: u64) -> Result<()> {
+        self.client.group_state_storage().retire(&self.group_id, through)
+    }
+
     pub fn process(&self, bytes: &[u8]) -> Result<Received> {
         self.process_batch(&[bytes], true)
             .pop()
@@ -454,11 +498,7 @@ impl GroupHandle {
     /// Removed from the group: drop its state and secrets, here and on disk.
     fn forget(&self) -> Result<()> {
         *self.lock() = None;
-        use mls_rs::storage_provider::sqlite::storage::SqLiteGroupStateStorage;
-        let storage: SqLiteGroupStateStorage = self.client.group_state_storage();
-        storage
-            .delete_group(&self.group_id)
-            .map_err(|e| EngineError::Storage(e.to_string()))
+        self.client.group_state_storage().delete_group(&self.group_id)
     }
 
     fn ensure_no_pending(g: &MlsGroup) -> Result<()> {

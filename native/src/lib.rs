@@ -12,6 +12,7 @@ pub mod data_dir;
 pub mod engine;
 pub mod error;
 pub mod group;
+pub mod group_store;
 pub mod identity;
 pub mod message;
 pub mod policy;

@@ -263,6 +263,47 @@ impl PyGroup {
         Ok(cts.iter().map(|c| bytes(py, c)).collect())
     }
 
+    /// Encrypts outbox entries ``(pos, id, payload)`` and stores them as outbox rows in
+    /// the same transaction as the ratchet state; returns ``(epoch, ciphertexts)``.
+    fn encrypt_queued<'py>(
+        &self,
+        py: Python<'py>,
+        entries: Vec<(u64, Bound<'py, PyBytes>, Bound<'py, PyBytes>)>,
+    ) -> PyResult<(u64, Vec<Bound<'py, PyBytes>>)> {
+        let slices: Vec<(u64, &[u8], &[u8])> = entries
+            .iter()
+            .map(|(pos, id, payload)| (*pos, id.as_bytes(), payload.as_bytes()))
+            .collect();
+        let (epoch, cts) = py.allow_threads(|| self.inner.encrypt_queued(&slices)).map_err(to_py)?;
+        Ok((epoch, cts.iter().map(|c| bytes(py, c)).collect()))
+    }
+
+    /// The outbox rows ``(pos, id, epoch, payload, ciphertext)``, in send order.
+    #[allow(clippy::type_complexity)]
+    fn outbox<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(u64, Bound<'py, PyBytes>, u64, Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+        let rows = py.allow_threads(|| self.inner.outbox()).map_err(to_py)?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.pos,
+                    bytes(py, &r.id),
+                    r.epoch,
+                    bytes(py, &r.payload),
+                    bytes(py, &r.ciphertext),
+                )
+            })
+            .collect())
+    }
+
+    /// Deletes the outbox rows up to position ``through``.
+    fn retire_outbox(&self, py: Python<'_>, through: u64) -> PyResult<()> {
+        py.allow_threads(|| self.inner.retire_outbox(through)).map_err(to_py)
+    }
+
     /// Processes a message from the delivery service: decrypts an application message,
     /// applies a commit (our own pending one included), or records a proposal.
     fn process(&self, py: Python<'_>, message: &[u8]) -> PyResult<PyReceived> {

@@ -28,7 +28,7 @@ impl ConnectionStrategy for SecureFileStrategy {
     }
 }
 
-fn open_connection(path: &Path) -> std::result::Result<Connection, rusqlite::Error> {
+pub(crate) fn open_connection(path: &Path) -> std::result::Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;

@@ -977,3 +977,71 @@ fn discarded_processing_leaves_the_messages_decryptable() {
     gb.discard_unsaved().unwrap(); // nothing unsaved: a no-op
     assert!(gb.process(&cts[0]).is_err(), "saved: the keys stay used");
 }
+
+#[test]
+fn queued_messages_are_stored_with_the_ratchet_or_not_at_all() {
+    let dir_b = tempfile::tempdir().unwrap();
+    let (_a, g, gb, _) = alice_and_bob(dir_b.path());
+    let (epoch, cts) = gb.encrypt_queued(&[(1, b"id-1", b"q1"), (2, b"id-2", b"q2")]).unwrap();
+    let rows = gb.outbox().unwrap();
+    let stored: Vec<_> = rows
+        .iter()
+        .map(|r| (r.pos, r.id.clone(), r.epoch, r.payload.clone()))
+        .collect();
+    assert_eq!(
+        stored,
+        vec![
+            (1, b"id-1".to_vec(), epoch, b"q1".to_vec()),
+            (2, b"id-2".to_vec(), epoch, b"q2".to_vec())
+        ]
+    );
+    assert_eq!(rows[0].ciphertext, cts[0]);
+
+    // A restarted process finds the rows, and a ratchet past the keys they used.
+    let copy = snapshot(dir_b.path());
+    let restarted = common::certified(copy.path(), b"bob", None).group(b"g").unwrap();
+    assert_eq!(restarted.outbox().unwrap(), rows);
+    let (_, after) = restarted.encrypt_queued(&[(3, b"id-3", b"q3")]).unwrap();
+    for (ct, text) in cts.iter().chain(&after).zip([b"q1", b"q2", b"q3"]) {
+        assert_eq!(app_data(g.process(ct).unwrap()).1, text);
+    }
+
+    // The outbox write fails inside the transaction: the ratchet state is not stored
+    // either, and in memory the group is back at the stored state. (From here on the
+    // restarted copy is Bob.)
+    let gb = restarted;
+    let db = rusqlite::Connection::open(copy.path().join("mls.sqlite3")).unwrap();
+    let state = || -> Vec<u8> {
+        db.query_row("SELECT snapshot FROM mls_group WHERE group_id = ?1", [b"g"], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    };
+    let before = state();
+    db.execute_batch("CREATE TRIGGER full BEFORE INSERT ON svc_outbox BEGIN SELECT RAISE(ABORT, 'disk full'); END;")
+        .unwrap();
+    assert!(matches!(
+        gb.encrypt_queued(&[(4, b"id-4", b"lost")]),
+        Err(EngineError::Mls { .. } | EngineError::Storage(_))
+    ));
+    assert!(state() == before, "no ratchet write without its outbox row");
+    assert_eq!(gb.outbox().unwrap().len(), 3);
+    db.execute_batch("DROP TRIGGER full;").unwrap();
+    let (_, next) = gb.encrypt_queued(&[(4, b"id-4", b"q4")]).unwrap();
+    assert_eq!(app_data(g.process(&next[0]).unwrap()).1, b"q4");
+
+    // Acknowledged rows go; a group's rows go with it.
+    gb.retire_outbox(2).unwrap();
+    assert_eq!(
+        gb.outbox().unwrap().iter().map(|r| r.pos).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    let count = || -> i64 {
+        db.query_row("SELECT COUNT(*) FROM svc_outbox", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(count(), 2);
+    drop(gb);
+    common::certified(copy.path(), b"bob", None).delete_group(b"g").unwrap();
+    assert_eq!(count(), 0);
+}

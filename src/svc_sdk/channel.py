@@ -196,8 +196,8 @@ class Channel:
 
     def _queue(self, blobs: list[bytes]) -> int:
         """Encrypts and queues ``blobs`` in the outbox; returns the last one's position.
-        The engine saves the ratchet state inside encrypt_batch, before the ciphertexts
-        exist anywhere else; the outbox row follows (docs/architecture.md)."""
+        The engine stores the outbox rows in the transaction that saves the ratchet
+        state, before the ciphertexts exist anywhere else (docs/architecture.md)."""
         outbox = self._outbox
         outbox.raise_deferred()
         self._check_open()
@@ -210,8 +210,7 @@ class Channel:
         """The step of ``_queue`` that encrypts and writes. Caller holds ``_lock``."""
         self._check_open()
         self._drain_available()  # encrypt in the newest epoch we know of
-        epoch = self._group.epoch
-        return self._outbox.add(epoch, blobs, self._group.encrypt_batch(blobs))
+        return self._outbox.add(blobs)
 
     # -- receiving ---------------------------------------------------------------------
 

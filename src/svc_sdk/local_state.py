@@ -7,13 +7,10 @@ so a restart neither asks the relay for them again (their keys are gone: MLS del
 message key once used) nor loses them. A message handed straight to a waiting reader is
 not stored. The cursor only moves forward: a late write of an older one changes nothing.
 
-The outbox holds what ``send()`` accepted and the relay has not acknowledged yet: each
-message's id, its plaintext (to re-encrypt it if a commit makes its epoch stale) and the
-ciphertext to send, in send order (``pos``). A row is written after the engine saved the
-ratchet state that encrypted it (docs/architecture.md, the outbox), and deleted once the
-relay acknowledged it.
+The outbox is not here: the engine keeps it in its own database, written in the
+transaction that saves the ratchet state that encrypted each message (svc_sdk.outbox).
 
-The inbox and outbox are plaintext at rest inside the agent's private data_dir, the same
+The inbox is plaintext at rest inside the agent's private data_dir, the same
 place that holds the keys that decrypt them.
 """
 
@@ -40,15 +37,6 @@ CREATE TABLE IF NOT EXISTS inbox (
     sender BLOB NOT NULL,
     payload BLOB NOT NULL,
     PRIMARY KEY (channel, seq)
-);
-CREATE TABLE IF NOT EXISTS outbox (
-    channel TEXT NOT NULL,
-    pos INTEGER NOT NULL,
-    id BLOB NOT NULL,
-    epoch INTEGER NOT NULL,
-    payload BLOB NOT NULL,
-    ciphertext BLOB NOT NULL,
-    PRIMARY KEY (channel, pos)
 );
 """
 
@@ -94,7 +82,6 @@ class LocalState:
         with self._lock, self._db:
             self._db.execute("BEGIN")
             self._db.execute("DELETE FROM inbox WHERE channel = ?", (name,))
-            self._db.execute("DELETE FROM outbox WHERE channel = ?", (name,))
             self._db.execute("DELETE FROM channels WHERE name = ?", (name,))
 
     def advance(self, name: str, cursor: int, received: Iterable[tuple[int, bytes, bytes]]) -> None:
@@ -136,35 +123,4 @@ class LocalState:
             )
             self._db.execute(
                 "UPDATE channels SET cursor = MAX(cursor, ?) WHERE name = ?", (cursor, name)
-            )
-
-    # -- the outbox ---------------------------------------------------------------------
-
-    def outbox(self, name: str) -> list[tuple[int, bytes, int, bytes, bytes]]:
-        """(pos, id, epoch, payload, ciphertext) of every unacknowledged message, in order."""
-        with self._lock:
-            return [
-                (pos, bytes(mid), epoch, bytes(payload), bytes(ct))
-                for pos, mid, epoch, payload, ct in self._db.execute(
-                    "SELECT pos, id, epoch, payload, ciphertext FROM outbox "
-                    "WHERE channel = ? ORDER BY pos",
-                    (name,),
-                )
-            ]
-
-    def queue(self, name: str, rows: Iterable[tuple[int, bytes, int, bytes, bytes]]) -> None:
-        """Adds (pos, id, epoch, payload, ciphertext) rows, or replaces them (re-encrypted
-        in a new epoch), in one transaction."""
-        with self._lock, self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                "INSERT OR REPLACE INTO outbox VALUES (?, ?, ?, ?, ?, ?)",
-                ((name, pos, mid, epoch, payload, ct) for pos, mid, epoch, payload, ct in rows),
-            )
-
-    def retire(self, name: str, through_pos: int) -> None:
-        """The relay acknowledged (or the sender gave up) every row up to ``through_pos``."""
-        with self._lock:
-            self._db.execute(
-                "DELETE FROM outbox WHERE channel = ? AND pos <= ?", (name, through_pos)
             )

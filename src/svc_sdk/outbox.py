@@ -83,7 +83,7 @@ class Outbox:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
         self._cond = threading.Condition()
-        rows = channel._client.state.outbox(channel.name)
+        rows = channel._group.outbox()
         self._entries: deque[Entry] = deque(Entry(*row) for row in rows)
         self._bytes = sum(len(e.payload) for e in self._entries)
         self._next_pos = rows[-1][0] + 1 if rows else 1
@@ -176,20 +176,20 @@ class Outbox:
                     )
                 self._cond.wait(min(remaining, 0.5))
 
-    def add(self, epoch: int, payloads: list[bytes], ciphertexts: list[bytes]) -> int:
-        """Queues messages just encrypted in ``epoch`` (the engine saved its state
-        already); returns the last one's position. Caller holds the channel's lock, so
-        positions follow encryption order."""
+    def add(self, payloads: list[bytes]) -> int:
+        """Encrypts and queues messages: the engine stores their rows in the transaction
+        that saves the ratchet state. Returns the last one's position. Caller holds the
+        channel's lock, so positions follow encryption order."""
         with self._cond:
             first = self._next_pos
-            self._next_pos += len(payloads)
+        queued = [(first + i, os.urandom(ID_BYTES), p) for i, p in enumerate(payloads)]
+        epoch, ciphertexts = self._channel._group.encrypt_queued(queued)
+        with self._cond:
+            self._next_pos = first + len(payloads)
         entries = [
-            Entry(first + i, os.urandom(ID_BYTES), epoch, payload, ct)
-            for i, (payload, ct) in enumerate(zip(payloads, ciphertexts, strict=True))
+            Entry(pos, mid, epoch, payload, ct)
+            for (pos, mid, payload), ct in zip(queued, ciphertexts, strict=True)
         ]
-        self._channel._client.state.queue(
-            self._channel.name, ((e.pos, e.id, e.epoch, e.payload, e.ciphertext) for e in entries)
-        )
         link = self._channel._client.link
         with self._cond:
             self._entries.extend(entries)
@@ -248,7 +248,7 @@ class Outbox:
             through = self._done_through
             if through <= self._retired:
                 return
-        self._channel._client.state.retire(self._channel.name, through)
+        self._channel._group.retire_outbox(through)
         with self._cond:
             self._retired = max(self._retired, through)
 
@@ -436,13 +436,11 @@ class Outbox:
                 entries = list(self._entries)
             if not entries:
                 return
-            current = channel._group.epoch
-            ciphertexts = channel._group.encrypt_batch([e.payload for e in entries])
+            current, ciphertexts = channel._group.encrypt_queued(
+                [(e.pos, e.id, e.payload) for e in entries]
+            )
             for entry, ct in zip(entries, ciphertexts, strict=True):
                 entry.epoch, entry.ciphertext = current, ct
-            channel._client.state.queue(
-                channel.name, ((e.pos, e.id, e.epoch, e.payload, e.ciphertext) for e in entries)
-            )
 
     def _drop_all(self, error: SvcError, delete: bool = True) -> None:
         """Fails every unacknowledged message with ``error`` (raised by the next call).

@@ -3,7 +3,7 @@ the reading call says so, and the same messages arrive once storage works again.
 
 Faults are injected at the write sites — the receiver's inbox write (LocalState.advance)
 and engine state write (Group.save), the sender's engine state write (inside
-encrypt_batch, before a ciphertext leaves) — failing chosen calls, or calls hypothesis
+encrypt_queued, before a ciphertext leaves) — failing chosen calls, or calls hypothesis
 chooses."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ FULL = "storage failure: database or disk is full (injected)"
 
 class FailingGroup:
     """The channel's engine group, with chosen calls of ``save`` (the receiver's state
-    write) and ``encrypt_batch`` (the sender's, which writes before a ciphertext leaves)
+    write) and ``encrypt_queued`` (the sender's, which writes before a ciphertext leaves)
     failing as a full disk makes them fail."""
 
     def __init__(self, inner: Any, fail: set[int], encrypt_fails: frozenset[int] = frozenset()):
@@ -40,11 +40,11 @@ class FailingGroup:
             raise InternalError(FULL)
         self._inner.save()
 
-    def encrypt_batch(self, payloads: list[bytes]) -> list[bytes]:
+    def encrypt_queued(self, entries: list[tuple[int, bytes, bytes]]) -> tuple[int, list[bytes]]:
         self.encrypts += 1
         if self.encrypts in self._encrypt_fails:
             raise InternalError(FULL)
-        result: list[bytes] = self._inner.encrypt_batch(payloads)
+        result: tuple[int, list[bytes]] = self._inner.encrypt_queued(entries)
         return result
 
     def __getattr__(self, name: str) -> Any:
