@@ -53,8 +53,8 @@ import anyio
 import anyio.abc
 
 from svc_sdk import AsyncSvcChannelManager, SvcChannelManager
-from svc_sdk.adapters._extras import require
 from svc_sdk.errors import AccessError, AuthError, InviteError, TransportError
+from svc_sdk.extras import require
 from svc_sdk.names import is_valid_channel_name
 
 require("a2a.types", "a2a", "SvcA2AAgent")

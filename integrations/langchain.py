@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from svc_sdk import AsyncSvcChannelManager, SvcChannelManager
-from svc_sdk.adapters._extras import require
+from svc_sdk.extras import require
 
 require("langchain_core", "langchain", "SvcToolkit")
 

@@ -30,8 +30,8 @@ import anyio
 import anyio.to_thread
 
 from svc_sdk import AsyncSvcChannelManager, SvcChannelManager
-from svc_sdk.adapters._extras import require
 from svc_sdk.errors import TransportError
+from svc_sdk.extras import require
 
 require("mcp", "mcp", "svc mcp")
 
