@@ -6,8 +6,9 @@
 
 Every tool has a pydantic argument schema, a synchronous ``_run`` and an asynchronous
 ``_arun`` (``ainvoke``) that runs on the event loop through :mod:`svc_sdk.aio`: sending
-and receiving take no worker thread, and a cancelled receive loses no message; only
-membership changes (create, invite, join) run in a worker thread, as aio runs them.
+and receiving take no worker thread, and a receive cancelled while it waits loses no
+message (docs/client.md); only membership changes (create, invite, join) run in a
+worker thread, as aio runs them.
 Library errors become ``ToolException`` with the library's message, and the tools
 return that message to the model by default (``handle_tool_error=True``), so an agent
 reads "invalid channel name: …" and can correct itself instead of crashing.
