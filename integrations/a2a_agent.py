@@ -51,11 +51,10 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import anyio.to_thread
 
-from svc_sdk import SvcChannelManager
-from svc_sdk.adapters._extras import require
+from svc_sdk import AsyncSvcChannelManager, SvcChannelManager
 from svc_sdk.errors import AccessError, AuthError, InviteError, TransportError
+from svc_sdk.extras import require
 from svc_sdk.names import is_valid_channel_name
 
 require("a2a.types", "a2a", "SvcA2AAgent")
@@ -142,6 +141,7 @@ class SvcA2AAgent:
         join_timeout: float = 30.0,
     ) -> None:
         self.manager = manager
+        self.aio = AsyncSvcChannelManager(manager)  # the manager's face for this loop
         self.adapter = SvcA2AAdapter(manager, agent_id or card.name or "agent")
         self.url = url
         self.max_channels = max_channels
@@ -227,9 +227,8 @@ class SvcA2AAgent:
                 429, "too-many-channels", "Too Many Requests", "this agent serves no more channels"
             )
         try:
-            await anyio.to_thread.run_sync(
-                self.manager.join_with_token, channel, token, self.join_timeout
-            )
+            # A join is a few round trips: aio runs it in a worker thread.
+            await self.aio.join_with_token(channel, token, self.join_timeout)
         except RuntimeError as exc:  # every library error is one (svc_sdk.errors)
             return _join_failed(exc)
         self._serve(channel)

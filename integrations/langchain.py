@@ -5,7 +5,10 @@
 >>> agent = create_agent(model, tools)
 
 Every tool has a pydantic argument schema, a synchronous ``_run`` and an asynchronous
-``_arun`` that runs the blocking call in a worker thread (the event loop never blocks).
+``_arun`` (``ainvoke``) that runs on the event loop through :mod:`svc_sdk.aio`: sending
+and receiving take no worker thread, and a receive cancelled while it waits loses no
+message (docs/client.md); only membership changes (create, invite, join) run in a
+worker thread, as aio runs them.
 Library errors become ``ToolException`` with the library's message, and the tools
 return that message to the model by default (``handle_tool_error=True``), so an agent
 reads "invalid channel name: …" and can correct itself instead of crashing.
@@ -13,13 +16,14 @@ reads "invalid channel name: …" and can correct itself instead of crashing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-import anyio.to_thread
 from pydantic import ConfigDict, Field
 
-from svc_sdk import SvcChannelManager
-from svc_sdk.adapters._extras import require
+from svc_sdk import AsyncSvcChannelManager, SvcChannelManager
+from svc_sdk.extras import require
 
 require("langchain_core", "langchain", "SvcToolkit")
 
@@ -29,38 +33,57 @@ from .operations import OPERATIONS, Operation, OperationError, describe  # noqa:
 
 
 class SvcTool(BaseTool):
-    """One svc operation as a LangChain tool."""
+    """One svc operation as a LangChain tool. ``aio`` is the manager's asyncio face that
+    ``ainvoke`` awaits; the toolkit gives its tools one between them, and a tool made
+    without one wraps ``manager`` itself."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     manager: SvcChannelManager
     operation: Operation
+    aio: AsyncSvcChannelManager | None = None
     handle_tool_error: bool = True
     # One line naming each wrong argument, as the MCP tools answer (LangChain validates
     # the arguments itself, before _run).
     handle_validation_error: Any = Field(default=lambda exc: f"invalid arguments: {describe(exc)}")
 
-    def _call(self, arguments: dict[str, Any]) -> str:
-        try:
-            result: str = self.operation(self.manager, arguments)
-            return result
-        except OperationError as exc:
-            raise ToolException(str(exc)) from exc
+    def model_post_init(self, context: Any) -> None:
+        """Wraps ``manager`` in an :class:`~svc_sdk.AsyncSvcChannelManager` when no
+        ``aio`` was given; refuses an ``aio`` around another manager."""
+        super().model_post_init(context)
+        if self.aio is None:
+            self.aio = AsyncSvcChannelManager(self.manager)
+        elif self.aio.manager is not self.manager:
+            raise ValueError("aio must wrap the tool's own manager")
 
     def _run(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> str:
-        return self._call(kwargs)
+        with _tool_errors():
+            return self.operation.reply(self.manager, kwargs).text
 
     async def _arun(self, *args: Any, run_manager: Any = None, **kwargs: Any) -> str:
-        return await anyio.to_thread.run_sync(self._call, kwargs)
+        assert self.aio is not None  # model_post_init made it
+        with _tool_errors():
+            return (await self.operation.areply(self.aio, kwargs)).text
 
 
-def make_tool(manager: SvcChannelManager, operation: Operation) -> SvcTool:
+@contextmanager
+def _tool_errors() -> Iterator[None]:
+    try:
+        yield
+    except OperationError as exc:
+        raise ToolException(str(exc)) from exc
+
+
+def make_tool(
+    manager: SvcChannelManager, operation: Operation, aio: AsyncSvcChannelManager | None = None
+) -> SvcTool:
     return SvcTool(
         name=operation.name,
         description=operation.description,
         args_schema=operation.args,
         manager=manager,
         operation=operation,
+        aio=aio,
     )
 
 
@@ -74,7 +97,8 @@ class SvcToolkit(BaseToolkit):
     manager: SvcChannelManager
 
     def get_tools(self) -> list[BaseTool]:
-        return [make_tool(self.manager, operation) for operation in OPERATIONS]
+        aio = AsyncSvcChannelManager(self.manager)  # one asyncio face for all the tools
+        return [make_tool(self.manager, operation, aio) for operation in OPERATIONS]
 
 
 __all__ = ["SvcTool", "SvcToolkit"]

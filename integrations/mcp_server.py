@@ -6,7 +6,9 @@ required), and ``SVC_RELAY``, ``SVC_API_URL``, ``SVC_API_KEY``, ``SVC_DATA_DIR``
 ``SvcChannelManager``. Tools and arguments are those of the LangChain toolkit
 (:mod:`svc_integrations.operations`), with MCP annotations from their hints and an
 output schema where the result is structured. A failing call is an MCP tool error
-carrying the library's message (``isError: true``); the server keeps running.
+carrying the library's message (``isError: true``); the server keeps running. Tool
+calls run on the server's event loop through :mod:`svc_sdk.aio`: svc_send and
+svc_receive take no worker thread; membership changes run in aio's worker thread.
 
 The server answers the host even when the account API or the relay cannot be reached,
 or the API key is refused: it connects in the background (:class:`Connection`), and until
@@ -27,9 +29,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from svc_sdk import SvcChannelManager
-from svc_sdk.adapters._extras import require
+from svc_sdk import AsyncSvcChannelManager, SvcChannelManager
 from svc_sdk.errors import TransportError
+from svc_sdk.extras import require
 
 require("mcp", "mcp", "svc mcp")
 
@@ -86,6 +88,11 @@ class Connection:
                 return self._manager
             raise OperationError(self._error)
 
+    def ready(self) -> SvcChannelManager | None:
+        """The manager once connected, else None; never waits."""
+        with self._cond:
+            return self._manager
+
     def close(self) -> None:
         """Stops trying, and closes the manager if there is one."""
         with self._cond:
@@ -138,7 +145,21 @@ def build_server(manager: SvcChannelManager | Connection) -> Server[Any]:
     """A low-level MCP server whose tools act as ``manager``'s agent (or that of the
     manager a :class:`Connection` makes)."""
     tools = [_tool(op) for op in OPERATIONS]
-    get = manager.get if isinstance(manager, Connection) else lambda: manager
+    # One asyncio face of the manager for every call, made once the manager exists.
+    aio = None if isinstance(manager, Connection) else AsyncSvcChannelManager(manager)
+
+    async def agent() -> AsyncSvcChannelManager:
+        nonlocal aio
+        if aio is None:
+            assert isinstance(manager, Connection)
+            # Waiting for a connection attempt blocks: that wait, only until connected,
+            # goes to a worker thread.
+            connected = manager.ready()
+            if connected is None:
+                connected = await anyio.to_thread.run_sync(manager.get)
+            if aio is None:
+                aio = AsyncSvcChannelManager(connected)
+        return aio
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return types.ListToolsResult(tools=tools)
@@ -150,8 +171,7 @@ def build_server(manager: SvcChannelManager | Connection) -> Server[Any]:
         arguments = dict(params.arguments or {})
         try:
             operation.parse(arguments)  # wrong arguments say so even while not connected
-            agent = await anyio.to_thread.run_sync(get)
-            reply = await anyio.to_thread.run_sync(operation.reply, agent, arguments)
+            reply = await operation.areply(await agent(), arguments)
         except OperationError as exc:
             return _error(str(exc))
         except Exception as exc:  # the server outlives any one call

@@ -3,19 +3,30 @@ schema (pydantic, with descriptions a model can follow), what they do to the wor
 (:class:`Hints`), the schema of a structured result, and what they do. The LangChain
 tools and the MCP tool server are both generated from :data:`OPERATIONS`, so their
 names and arguments cannot drift apart.
+
+Each operation is written once, as a coroutine over an :class:`Agent`, and runs two
+ways: :meth:`Operation.areply` awaits it on the caller's event loop over an
+:class:`~svc_sdk.AsyncSvcChannelManager`, so sending and receiving take no worker thread
+(membership changes run in the worker thread aio gives them); :meth:`Operation.reply`
+runs the same coroutine to completion at once over a blocking ``SvcChannelManager``
+(:class:`Blocking`, whose methods never suspend). Parsing, error mapping and the reply
+text are therefore shared by both.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from svc_sdk import Envelope, Protocol, SvcChannelManager
+from svc_sdk import AsyncSvcChannelManager, Envelope, SvcChannelManager
+from svc_sdk import Protocol as EnvelopeProtocol
+from svc_sdk.channel import Message
 from svc_sdk.names import PATTERN
 
 CHANNEL_HELP = (
@@ -96,49 +107,124 @@ class SendEnvelopeArgs(ChannelArgs):
     metadata: dict[str, Any] | None = Field(None, description="Optional key-value metadata.")
 
 
-def _create(m: SvcChannelManager, a: ChannelArgs) -> Reply:
-    m.create(a.channel)
+class Agent(Protocol):
+    """What the operations call: the methods :class:`~svc_sdk.AsyncSvcChannelManager`
+    has, awaitable, and :class:`Blocking` mirrors over a blocking manager."""
+
+    def list_channels(self) -> list[str]: ...
+
+    async def create(self, channel_name: str) -> None: ...
+
+    async def invite(self, channel_name: str, max_uses: int = 1, ttl: int = 3600) -> str: ...
+
+    async def join_with_token(
+        self, channel_name: str, token: str, timeout: float = 60.0
+    ) -> None: ...
+
+    async def send(self, channel_name: str, message: str | bytes) -> None: ...
+
+    async def send_envelope(self, channel_name: str, envelope: Envelope) -> None: ...
+
+    async def receive_messages(self, channel_name: str, timeout: float = 5.0) -> list[Message]: ...
+
+    async def receive_envelopes(
+        self, channel_name: str, timeout: float = 5.0
+    ) -> list[Envelope]: ...
+
+
+class Blocking:
+    """An :class:`Agent` over a blocking ``SvcChannelManager``: each coroutine method
+    makes the blocking call and returns without suspending, so :func:`run_blocking`
+    finishes an operation in the calling thread."""
+
+    def __init__(self, manager: SvcChannelManager) -> None:
+        self.manager = manager
+
+    def list_channels(self) -> list[str]:
+        return self.manager.list_channels()
+
+    async def create(self, channel_name: str) -> None:
+        self.manager.create(channel_name)
+
+    async def invite(self, channel_name: str, max_uses: int = 1, ttl: int = 3600) -> str:
+        return self.manager.invite(channel_name, max_uses, ttl)
+
+    async def join_with_token(self, channel_name: str, token: str, timeout: float = 60.0) -> None:
+        self.manager.join_with_token(channel_name, token, timeout)
+
+    async def send(self, channel_name: str, message: str | bytes) -> None:
+        self.manager.send(channel_name, message)
+
+    async def send_envelope(self, channel_name: str, envelope: Envelope) -> None:
+        self.manager.send_envelope(channel_name, envelope)
+
+    async def receive_messages(self, channel_name: str, timeout: float = 5.0) -> list[Message]:
+        return self.manager.receive_messages(channel_name, timeout)
+
+    async def receive_envelopes(self, channel_name: str, timeout: float = 5.0) -> list[Envelope]:
+        return self.manager.receive_envelopes(channel_name, timeout)
+
+
+T = TypeVar("T")
+
+
+def run_blocking(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Runs a coroutine that never suspends (an operation over :class:`Blocking`) to
+    its end in this thread, without an event loop."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    coroutine.close()
+    raise AssertionError("an operation over a blocking manager suspended")
+
+
+async def _create(m: Agent, a: ChannelArgs) -> Reply:
+    await m.create(a.channel)
     return Reply(f"created channel {a.channel}")
 
 
-def _invite(m: SvcChannelManager, a: InviteArgs) -> Reply:
-    return Reply(m.invite(a.channel, a.max_uses, a.ttl))
+async def _invite(m: Agent, a: InviteArgs) -> Reply:
+    return Reply(await m.invite(a.channel, a.max_uses, a.ttl))
 
 
-def _join(m: SvcChannelManager, a: JoinArgs) -> Reply:
+async def _join(m: Agent, a: JoinArgs) -> Reply:
     # The library returns at once for a channel the agent is in, without looking at the
     # token; saying "joined" then would confirm a token that may be bogus.
     if a.channel in m.list_channels():
         raise OperationError(f"already in channel {a.channel!r}; the invite token was not used")
-    m.join_with_token(a.channel, a.token, a.timeout)
+    await m.join_with_token(a.channel, a.token, a.timeout)
     return Reply(f"joined channel {a.channel}")
 
 
-def _send(m: SvcChannelManager, a: SendArgs) -> Reply:
-    m.send(a.channel, a.message)
+async def _send(m: Agent, a: SendArgs) -> Reply:
+    await m.send(a.channel, a.message)
     return Reply(f"sent to {a.channel}")
 
 
-def _receive(m: SvcChannelManager, a: ReceiveArgs) -> Reply:
+async def _receive(m: Agent, a: ReceiveArgs) -> Reply:
     received = [
         {"from": str(x.sender), "message": _text(x.data)}
-        for x in m.receive_messages(a.channel, a.timeout)
+        for x in await m.receive_messages(a.channel, a.timeout)
     ]
     return Reply(json.dumps(received), Messages.model_validate({"messages": received}))
 
 
-def _list(m: SvcChannelManager, a: NoArgs) -> Reply:
+async def _list(m: Agent, a: NoArgs) -> Reply:
     channels = m.list_channels()
     return Reply(json.dumps(channels), Channels(channels=channels))
 
 
-def _send_envelope(m: SvcChannelManager, a: SendEnvelopeArgs) -> Reply:
-    envelope = Envelope(Protocol(a.protocol), a.content_type, a.message.encode(), a.metadata)
-    m.send_envelope(a.channel, envelope)
+async def _send_envelope(m: Agent, a: SendEnvelopeArgs) -> Reply:
+    envelope = Envelope(
+        EnvelopeProtocol(a.protocol), a.content_type, a.message.encode(), a.metadata
+    )
+    await m.send_envelope(a.channel, envelope)
     return Reply(f"sent an envelope ({a.protocol}, {a.content_type}) to {a.channel}")
 
 
-def _receive_envelopes(m: SvcChannelManager, a: ReceiveArgs) -> Reply:
+async def _receive_envelopes(m: Agent, a: ReceiveArgs) -> Reply:
     received = [
         {
             "protocol": e.protocol.value,
@@ -146,7 +232,7 @@ def _receive_envelopes(m: SvcChannelManager, a: ReceiveArgs) -> Reply:
             "message": _text(e.payload),
             "metadata": e.metadata,
         }
-        for e in m.receive_envelopes(a.channel, a.timeout)
+        for e in await m.receive_envelopes(a.channel, a.timeout)
     ]
     return Reply(json.dumps(received), Envelopes.model_validate({"envelopes": received}))
 
@@ -189,7 +275,7 @@ class Operation:
     name: str
     description: str
     args: type[_Args]
-    run: Callable[[SvcChannelManager, Any], Reply]
+    run: Callable[[Agent, Any], Coroutine[Any, Any, Reply]]
     hints: Hints
     output: type[BaseModel] | None = None
 
@@ -205,15 +291,29 @@ class Operation:
             raise OperationError(f"invalid arguments: {describe(exc)}") from exc
 
     def reply(self, manager: SvcChannelManager, arguments: dict[str, Any]) -> Reply:
-        """Validates ``arguments`` and runs. Whatever the caller got wrong (arguments, a
-        channel name, an invite token, ...) raises OperationError with the message to
-        show the model; anything else is a fault and propagates."""
+        """Validates ``arguments`` and runs, blocking the calling thread. Whatever the
+        caller got wrong (arguments, a channel name, an invite token, ...) raises
+        OperationError with the message to show the model; anything else is a fault
+        and propagates."""
         parsed = self.parse(arguments)
-        try:
-            return self.run(manager, parsed)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            # RuntimeError: every library error (SvcError, MlsError included).
-            raise OperationError(str(exc)) from exc
+        with _library_errors():
+            return run_blocking(self.run(Blocking(manager), parsed))
+
+    async def areply(self, manager: AsyncSvcChannelManager, arguments: dict[str, Any]) -> Reply:
+        """:meth:`reply` on the caller's event loop: sending and receiving take no worker
+        thread; membership changes run in aio's. A cancelled receive loses no message."""
+        parsed = self.parse(arguments)
+        with _library_errors():
+            return await self.run(manager, parsed)
+
+
+@contextmanager
+def _library_errors() -> Iterator[None]:
+    try:
+        yield
+    except (RuntimeError, ValueError, TypeError) as exc:
+        # RuntimeError: every library error (SvcError, MlsError included).
+        raise OperationError(str(exc)) from exc
 
 
 def describe(exc: Exception) -> str:

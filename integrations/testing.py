@@ -16,7 +16,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from svc_sdk.adapters._extras import require
+from svc_sdk.extras import require
 
 require("langchain_core", "langchain", "ScriptedChatModel")
 

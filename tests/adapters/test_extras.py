@@ -45,6 +45,14 @@ def test_missing_extra_is_named(code: str, extra: str) -> None:
     assert f"pip install 'svc-sdk[{extra}]'" in done.stderr
 
 
+def test_an_integration_names_its_missing_extra() -> None:
+    # The integrations use the same public helper (svc_sdk.extras.require).
+    done = run("sys.modules['langchain_core'] = None\nimport svc_integrations.langchain")
+    assert done.returncode == 1
+    assert "SvcToolkit needs the optional dependency 'langchain_core'" in done.stderr
+    assert "pip install 'svc-sdk[langchain]'" in done.stderr
+
+
 def test_unknown_attribute_is_an_attribute_error() -> None:
     import svc_sdk
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
 import os
@@ -14,12 +15,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
+import anyio.to_thread
 import mcp
 import pytest
 from mcp import StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from svc_sdk import credentials
+from svc_integrations.mcp_server import Connection, build_server
+from svc_sdk import SvcChannelManager, credentials
 from svc_sdk.testing import LocalStack
 
 from . import TOOL_NAMES
@@ -105,6 +108,41 @@ async def test_two_mcp_servers_share_a_channel(
             expected_text = f"already in channel {channel_name!r}; the invite token was not used"
             assert text(bad) == expected_text
             assert json.loads(await call(alice, "svc_list_channels")) == [channel_name]
+
+
+def refuse(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError(f"sent to a worker thread: {args!r}")
+
+
+@pytest.mark.parametrize("through", ["manager", "connection"])
+async def test_send_and_receive_take_no_worker_thread(
+    stack: LocalStack,
+    channel_name: str,
+    ids: Callable[[str], str],
+    monkeypatch: pytest.MonkeyPatch,
+    through: str,
+) -> None:
+    """The server in this process (the SDK's in-memory client): once connected, svc_send
+    and svc_receive run on the loop, while anyio's worker threads and the loop's
+    executor fail the test."""
+    alice, bob = stack.manager(ids("alice")), stack.manager(ids("bob"))
+    alice.create(channel_name)
+    bob.join_with_token(channel_name, alice.invite(channel_name), timeout=30)
+    served: SvcChannelManager | Connection = bob
+    if through == "connection":
+        served = Connection(lambda: bob).start()
+        served.get()  # connected: the wait for it is the one call that may take a thread
+    monkeypatch.setattr(anyio.to_thread, "run_sync", refuse)
+    monkeypatch.setattr(asyncio.get_running_loop(), "run_in_executor", refuse)
+    async with mcp.Client(build_server(served)) as client:
+        with anyio.fail_after(30):
+            await call(client, "svc_send", channel=channel_name, message="from mcp")
+            alice.send(channel_name, "to mcp")
+            got = await client.call_tool("svc_receive", {"channel": channel_name, "timeout": 10})
+            assert [m["message"] for m in got.structured_content["messages"]] == ["to mcp"]
+            bad = await client.call_tool("svc_send", {"channel": "bad name", "message": "x"})
+            assert bad.is_error and text(bad).startswith("invalid channel name: 'bad name'")
+    assert alice.receive(channel_name, timeout=10) == ["from mcp"]
 
 
 @pytest.mark.parametrize(

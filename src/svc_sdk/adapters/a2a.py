@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from svc_sdk.adapters._extras import require
 from svc_sdk.adapters._reader import Readers
 from svc_sdk.adapters.content import (
     A2A_MESSAGE_TYPE,
@@ -23,6 +22,7 @@ from svc_sdk.adapters.content import (
     encode_a2a,
 )
 from svc_sdk.envelope import Envelope, Protocol
+from svc_sdk.extras import require
 from svc_sdk.manager import SvcChannelManager
 from svc_sdk.names import is_valid_channel_name
 

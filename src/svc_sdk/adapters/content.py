@@ -19,8 +19,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from svc_sdk.adapters._extras import require
 from svc_sdk.envelope import Envelope, Protocol
+from svc_sdk.extras import require
 
 if TYPE_CHECKING:
     from a2a.types import Message as A2AMessage

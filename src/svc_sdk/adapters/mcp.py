@@ -23,13 +23,13 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from svc_sdk.adapters._extras import require
 from svc_sdk.adapters._mcp_sessions import Hub, Inbox, is_mcp, send_end, session_streams, tag
 from svc_sdk.adapters._reader import EnvelopeReader
 from svc_sdk.adapters.content import JSON_TYPE, decode_jsonrpc
 from svc_sdk.aio import AsyncSvcChannelManager
 from svc_sdk.envelope import Envelope, Protocol
 from svc_sdk.errors import ChannelClosedError, SvcError
+from svc_sdk.extras import require
 from svc_sdk.manager import SvcChannelManager
 
 
