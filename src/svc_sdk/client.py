@@ -180,11 +180,9 @@ class SvcClient:
         self._ensure_credential(force=True)
         self._update_channels()
 
-    def _update_channels(self) -> None:
-        with self._lock:
-            channels = list(self._channels.values())
-        # What was sent goes to the relay first, for up to CLOSE_SEND_SECONDS in all;
-        # anything left stays in the outbox and goes after the next start.
+    def _send_outboxes(self, channels: list[Channel]) -> None:
+        """What was sent goes to the relay first, for up to CLOSE_SEND_SECONDS in all;
+        anything left stays in the outbox and goes after the next start."""
         deadline = time.monotonic() + CLOSE_SEND_SECONDS
         for channel in channels:
             if channel.unsent and getattr(self, "link", None) is not None and self.link.connected:
@@ -194,6 +192,11 @@ class SvcClient:
                     )
                 except SvcError as exc:
                     log.warning("channel %s: %s", channel.name, exc)
+
+    def _update_channels(self) -> None:
+        with self._lock:
+            channels = list(self._channels.values())
+        self._send_outboxes(channels)
         for channel in channels:
             try:
                 channel.update_keys()
@@ -462,17 +465,7 @@ class SvcClient:
         self._stop.set()
         with self._lock:
             channels = list(self._channels.values())
-        # What was sent goes to the relay first, for up to CLOSE_SEND_SECONDS in all;
-        # anything left stays in the outbox and goes after the next start.
-        deadline = time.monotonic() + CLOSE_SEND_SECONDS
-        for channel in channels:
-            if channel.unsent and getattr(self, "link", None) is not None and self.link.connected:
-                try:
-                    channel._outbox.wait(
-                        channel._outbox.last_pos(), max(0.0, deadline - time.monotonic())
-                    )
-                except SvcError as exc:
-                    log.warning("channel %s: %s", channel.name, exc)
+        self._send_outboxes(channels)
         for channel in channels:
             # On a full disk the record of what was read stays unwritten (logged): after
             # a restart those messages come again, none is lost. Closing goes on.
