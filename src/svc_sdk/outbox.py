@@ -57,7 +57,7 @@ UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 #: How many messages, and payload bytes, may wait in one channel's outbox; ``send()``
 #: blocks (up to the client's timeout) while it is full.
 OUTBOX_MESSAGES = 10_000
-OUTBOX_BYTES = 64 * 1024 * 1024
+OUTBOX_BYTES = 16 * 1024 * 1024  # payload; memory holds it and its ciphertext
 #: Publish frames in flight per channel.
 WINDOW = 8
 MAX_FRAME_MESSAGES = 1024  # the relay's MAX_PUBLISH_BATCH
