@@ -29,12 +29,6 @@ log = logging.getLogger("svc_sdk.channel")  # one logger for all of a channel's 
 # 5 is mls_key_package. The relay has already parsed and checked every message.
 KEY_PACKAGE = b"\x00\x05"
 
-#: Deliveries waiting to be processed, in ciphertext bytes, above which the relay link
-#: stops handing a channel more (the relay keeps them), and at or below which a reader
-#: that took some resumes it.
-RAW_PAUSE_BYTES = 8 * 1024 * 1024
-RAW_RESUME_BYTES = 2 * 1024 * 1024
-
 
 class Deliveries:
     """Turns a channel's queued deliveries (``Channel._raw``) into decrypted messages,
@@ -88,13 +82,7 @@ class Deliveries:
                 channel._raw.clear()
             else:
                 items = [channel._raw.popleft() for _ in range(limit)]
-            channel._raw_bytes -= sum(len(item.message) for item in items)
-            resume = channel._paused and channel._raw_bytes <= RAW_RESUME_BYTES
-            if resume:
-                channel._paused = False
-        if resume:
-            channel._client.link.resume(channel.name)
-        return items
+            return items
 
     def drain(self) -> None:
         """Processes every queued delivery. Caller holds ``_lock``."""
@@ -125,7 +113,6 @@ class Deliveries:
                 channel._group.discard_unsaved()
             with channel._cond:
                 channel._raw.extendleft(reversed(rest))
-                channel._raw_bytes += sum(len(item.message) for item in rest)
             detail = str(exc).removeprefix("runtime error: ")
             error = InternalError(
                 f"channel {channel.name!r}: could not store what it received ({detail}); "

@@ -15,7 +15,6 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any, cast
 
-from svc_sdk import _deliveries
 from svc_sdk._admissions import Admissions
 from svc_sdk._checks import MAX_PAYLOAD, check_payload, check_wait
 from svc_sdk._commits import Commits
@@ -67,11 +66,6 @@ class Channel:
         # Guards the queues below; never held while calling the engine or the relay.
         self._cond = threading.Condition()
         self._raw: deque[pb.Delivery] = deque()
-        # Ciphertext bytes in _raw, and whether the link holds this channel's deliveries
-        # back until readers catch up (_deliveries.take resumes it): the relay keeps
-        # them, so memory stays bounded however fast members send.
-        self._raw_bytes = 0
-        self._paused = False
         # The standing faults of storing what was received and what was read (health()).
         self._faults = StorageFaults()
         self._inbox = Inbox(client, name, cursor, inbox, self._faults)
@@ -90,14 +84,10 @@ class Channel:
 
     # -- what the relay link calls (its thread; must not block) -------------------------
 
-    def _deliver(self, items: list[pb.Delivery]) -> bool:
+    def _deliver(self, items: list[pb.Delivery]) -> None:
         with self._cond:
             self._raw.extend(items)
-            self._raw_bytes += sum(len(item.message) for item in items)
-            if self._raw_bytes > _deliveries.RAW_PAUSE_BYTES:
-                self._paused = True
             self._notify()
-            return self._paused
 
     def _notify(self) -> None:
         """Wakes every waiting reader: threads, and tasks on event loops (each woken on

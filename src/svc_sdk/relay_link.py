@@ -56,9 +56,7 @@ OPTIONS = [
 class Sink(Protocol):
     """Where a channel's deliveries go. Called on the link's thread; must not block."""
 
-    def _deliver(self, items: list[pb.Delivery]) -> bool:
-        """Takes deliveries; True: hand this channel nothing more until ``resume``."""
-        ...
+    def _deliver(self, items: list[pb.Delivery]) -> None: ...
 
     def _failed(self, error: SvcError) -> None: ...
 
@@ -77,7 +75,6 @@ class _Sub:
     received: int  # the last seq handed to the sink
     head: int = 0  # the relay's newest seq when last (re)subscribed
     ready: asyncio.Event = field(default_factory=asyncio.Event)
-    paused: bool = False  # the sink is full: skip its deliveries until resume()
 
 
 _io_lock = threading.Lock()
@@ -521,14 +518,14 @@ class RelayLink:
             by_channel: dict[str, list[pb.Delivery]] = {}
             for item in frame.deliveries.items:
                 sub = self._subs.get(item.channel)
-                if sub is None or sub.paused or item.seq <= sub.received:
-                    continue  # already handed over before a reconnect, or held back
+                if sub is None or item.seq <= sub.received:
+                    continue  # already handed over before a reconnect
                 sub.received = item.seq
                 by_channel.setdefault(item.channel, []).append(item)
             for channel, items in by_channel.items():
                 sub = self._subs.get(channel)
-                if sub is not None and sub.sink._deliver(items):
-                    sub.paused = True
+                if sub is not None:
+                    sub.sink._deliver(items)
         elif kind == "welcome":
             w = frame.welcome
             waiters = self._welcome_waiters.get(w.channel)
@@ -542,19 +539,6 @@ class RelayLink:
             channel = frame.lagged.channel
             sub = self._subs.get(channel)
             if sub is not None and self._conn is not None:
-                self._loop.create_task(self._resubscribe(sub, channel))
-
-    def resume(self, channel: str) -> None:
-        """A paused channel's readers caught up (any thread): subscribe again from the
-        last delivery it took; the relay sends what was held back, in order."""
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to resume
-            self._loop.call_soon_threadsafe(self._resume, channel)
-
-    def _resume(self, channel: str) -> None:
-        sub = self._subs.get(channel)
-        if sub is not None and sub.paused:
-            sub.paused = False
-            if self._conn is not None:
                 self._loop.create_task(self._resubscribe(sub, channel))
 
     async def _resubscribe(self, sub: _Sub, channel: str) -> None:
