@@ -1,8 +1,9 @@
 """A channel's outbox: what ``send()`` accepted and the relay has not acknowledged yet.
 
-``Channel.send`` encrypts (the engine saves the ratchet state first), writes the message
-to the outbox table in ``client.sqlite3`` and returns; when nothing older waits and the
-window has room it also queues the frame itself. A pump thread per channel sends the rest
+``Channel.send`` has the engine encrypt the message and store its outbox row in the
+transaction that saves the ratchet state (``Group.encrypt_queued``, ``mls.sqlite3``),
+then returns; when nothing older waits and the window has room it also queues the frame
+itself. A pump thread per channel sends the rest
 in order, coalescing whatever is waiting into Publish frames and keeping several frames
 in flight; each Reply retires its messages (their rows are deleted in batches). Every
 message carries a random 16-byte id, and the relay stores an id at most once per sender
