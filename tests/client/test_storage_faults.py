@@ -271,3 +271,39 @@ def test_the_managers_health_shows_what_its_listener_cannot_store(
         assert bob.health().ok, "the listener stored everything once it could"
         assert bob.health().channels[0].unread == 10
         assert bob.receive(channel_name, timeout=5) == [f"m{i}" for i in range(10)]
+
+
+def test_a_send_whose_write_fails_queues_nothing_and_loses_nothing(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """Alice's disk refuses the outbox row (a trigger in her real mls.sqlite3, so the
+    transaction with the ratchet state fails): ``send`` raises InternalError and queues
+    nothing. What she sent before, and what she sends once writes work again, arrives
+    once and in order; the failed message never does."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        for i in range(5):
+            chan_a.send(f"m{i}".encode())
+        chan_a.wait_stored(30)
+        db = sqlite3.connect(stack.agent_dir(ids("a")) / "mls.sqlite3")
+        try:
+            db.execute(
+                "CREATE TRIGGER full BEFORE INSERT ON svc_outbox "
+                "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+            )
+            db.commit()
+            with pytest.raises(InternalError, match="storage"):
+                chan_a.send(b"lost")
+            assert chan_a.unsent == 0
+            db.execute("DROP TRIGGER full")
+            db.commit()
+        finally:
+            db.close()
+        chan_a.send(b"m5")
+        chan_a.wait_stored(30)
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 6 and time.monotonic() < deadline:
+            got.extend(m.data for m in chan_b.next_messages(timeout=2))
+        assert got == [f"m{i}".encode() for i in range(6)]
+        assert chan_b.next_messages(timeout=0.5) == []
