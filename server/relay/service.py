@@ -31,6 +31,7 @@ log = logging.getLogger("svc_server.relay")
 
 SERVICE = "svc.relay.v1.Relay"
 MAX_IDENTITY = 1024
+RECORD_ATTEMPTS = 5  # writes of the roster mirror, backing off 50 ms, 100 ms, …
 
 
 def parse_frame(data: bytes) -> pb.ClientFrame | None:
@@ -133,12 +134,20 @@ class Relay:
     ) -> None:
         """Mirrors an accepted commit's roster and audit events for the account API."""
         group = validated.group
-        try:
-            await self.access.record(
-                channel, group.epoch, roster(group), group.roles().members_invite, events
-            )
-        except Exception:
-            log.exception("recording the roster of %s failed", channel)
+        # The account API decides invites and access from this mirror: a write that
+        # fails once (a busy database) must not leave a removed member in it.
+        for attempt in range(RECORD_ATTEMPTS):
+            try:
+                await self.access.record(
+                    channel, group.epoch, roster(group), group.roles().members_invite, events
+                )
+                return
+            except Exception:
+                if attempt == RECORD_ATTEMPTS - 1:
+                    log.exception("recording the roster of %s failed", channel)
+                    return
+                log.warning("recording the roster of %s failed; trying again", channel)
+                await asyncio.sleep(0.05 * 2**attempt)
 
     async def start(self) -> None:
         await self.store.start()
