@@ -6,9 +6,9 @@ then returns; when nothing older waits and the window has room it also queues th
 itself. A pump thread per channel sends the rest
 in order, coalescing whatever is waiting into Publish frames and keeping several frames
 in flight; each Reply retires its messages (their rows are deleted in batches). Every
-message carries a random 16-byte id, and the relay stores an id at most once per sender
-and channel, so resending after a lost connection, a failover or a restart never
-duplicates.
+message carries a 16-byte id, stored with its row, and the relay stores an id at most
+once per sender and channel, so resending after a lost connection, a failover or a
+restart never duplicates.
 
 Ordering: frames go out pinned to one connection (``RelayLink.send_soon(pin=...)``); when
 any frame fails, nothing more is sent until every frame in flight has settled, and then
@@ -68,7 +68,10 @@ MAX_FRAME_BYTES = 960 * 1024
 RETRY_SECONDS = 0.05
 RETIRE_EVERY = 256
 RETIRE_IDLE_SECONDS = 0.005
-ID_BYTES = 16
+# A message id is 8 random bytes drawn when the outbox opens, then the message's position:
+# unique per sender without a system call per message, which costs a GIL hand-off. Only
+# the sender itself can publish under its identity, so ids need not be unpredictable.
+ID_PREFIX_BYTES = 8
 
 
 @dataclass(slots=True)
@@ -98,6 +101,7 @@ class Outbox:
         self._stopped = False
         self._retired = self._done_through  # rows deleted up to here
         self._thread: threading.Thread | None = None
+        self._id_prefix = os.urandom(ID_PREFIX_BYTES)
         # Tasks of svc_sdk.aio waiting for room or acknowledgements.
         self._async_waiters = AsyncWaiters(self._cond)
         if self._entries:
@@ -183,7 +187,10 @@ class Outbox:
         channel's lock, so positions follow encryption order."""
         with self._cond:
             first = self._next_pos
-        queued = [(first + i, os.urandom(ID_BYTES), p) for i, p in enumerate(payloads)]
+        prefix = self._id_prefix
+        queued = [
+            (pos, prefix + pos.to_bytes(8, "big"), p) for pos, p in enumerate(payloads, start=first)
+        ]
         epoch, ciphertexts = self._channel._group.encrypt_queued(queued)
         with self._cond:
             self._next_pos = first + len(payloads)
@@ -200,7 +207,10 @@ class Outbox:
                 # the pump (a thread hand-off per message); otherwise the pump sends it
                 # with whatever else waits, in one frame.
                 self._send_locked(link)
-            self._notify()
+            if self._sent < len(self._entries):
+                # Only the pump waits for new entries, and only for unsent ones: waking
+                # it for what already went out costs a GIL hand-off per send.
+                self._notify()
         if self._thread is None:
             self._start()
         return entries[-1].pos
