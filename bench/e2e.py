@@ -96,19 +96,20 @@ class Plan:
 
 def _reply_to(payload: bytes, state: list[int]) -> bytes | None:
     """The receiver's answer to ``payload`` (None: none); ``state`` is [count, expected,
-    corrupt]."""
+    corrupt, process CPU ns at the reset]."""
     tag = payload[:1]
     if tag == b"T":
         state[0] += 1
         if payload.count(FILL) != len(payload) - 1:
             state[2] += 1
         if state[0] == state[1]:
-            return b"D%d %d" % (state[0], state[2])
+            cpu_us = (time.process_time_ns() - state[3]) // 1000
+            return b"D%d %d %d" % (state[0], state[2], cpu_us)
         return None
     if tag == b"P":
         return b"p" + payload[1:]
     if tag == b"R":
-        state[:] = [0, int(payload[1:]), 0]
+        state[:] = [0, int(payload[1:]), 0, time.process_time_ns()]
         return b"r"
     if tag == b"C":
         return b"c%d" % state[0]
@@ -119,7 +120,7 @@ def _reply_to(payload: bytes, state: list[int]) -> bytes | None:
 
 def serve(payloads: Iterator[bytes], send: Callable[[bytes], object]) -> None:
     """The receiver, blocking: answers what :func:`drive` sends until X."""
-    state = [0, 0, 0]
+    state = [0, 0, 0, 0]
     for payload in payloads:
         answer = _reply_to(payload, state)
         if answer is not None:
@@ -132,7 +133,7 @@ async def serve_async(
     payloads: AsyncIterator[bytes], send: Callable[[bytes], Awaitable[object]]
 ) -> None:
     """The receiver, asyncio: the same as :func:`serve`."""
-    state = [0, 0, 0]
+    state = [0, 0, 0, 0]
     async for payload in payloads:
         answer = _reply_to(payload, state)
         if answer is not None:
@@ -151,16 +152,21 @@ def _percentiles(samples_ms: list[float]) -> tuple[float, float]:
 
 
 def _throughput(
-    size: int, n: int, received: int, start: float, end: float, reply: bytes
+    size: int, n: int, received: int, start: float, end: float, reply: bytes, cpu_ns: int
 ) -> dict[str, Any]:
-    corrupt = int(reply.split()[1]) if reply[:1] == b"D" else None
+    """One size's figures; ``cpu_ns``: the sender process's CPU time over the phase. CPU
+    per message is the figure that noise on a shared machine moves least."""
+    fields = reply.split()
+    done = reply[:1] == b"D"
     return {
         "size": size,
         "n": n,
         "received": received,
         "msgs_per_s": received / (end - start),
         "seconds": end - start,
-        "corrupt": corrupt,
+        "corrupt": int(fields[1]) if done else None,
+        "sender_cpu_us": cpu_ns / 1000 / received if received else None,
+        "receiver_cpu_us": int(fields[2]) / received if done and received else None,
     }
 
 
@@ -189,7 +195,7 @@ def drive(send: Callable[[bytes], object], replies: Iterator[bytes], plan: Plan)
         send(b"R%d" % plan.messages)
         expect(b"r")
         body = b"T" + bytes([FILL]) * (size - 1)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time_ns()
         for _ in range(plan.messages):
             send(body)
         try:
@@ -198,8 +204,9 @@ def drive(send: Callable[[bytes], object], replies: Iterator[bytes], plan: Plan)
             send(b"C")
             done = expect(b"c")
             received = int(done[1:])
+        end, cpu = time.perf_counter(), time.process_time_ns() - cpu
         result["tput"][str(size)] = _throughput(
-            size, plan.messages, received, start, time.perf_counter(), done
+            size, plan.messages, received, start, end, done, cpu
         )
     send(b"X")
     expect(b"x")
@@ -233,7 +240,7 @@ async def drive_async(
         await send(b"R%d" % plan.messages)
         await expect(b"r")
         body = b"T" + bytes([FILL]) * (size - 1)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time_ns()
         for _ in range(plan.messages):
             await send(body)
         try:
@@ -242,8 +249,9 @@ async def drive_async(
             await send(b"C")
             done = await expect(b"c")
             received = int(done[1:])
+        end, cpu = time.perf_counter(), time.process_time_ns() - cpu
         result["tput"][str(size)] = _throughput(
-            size, plan.messages, received, start, time.perf_counter(), done
+            size, plan.messages, received, start, end, done, cpu
         )
     await send(b"X")
     await expect(b"x")
@@ -617,6 +625,10 @@ def _median(runs: list[dict[str, Any]], key: str) -> float | None:
 def _value(run: dict[str, Any], key: str) -> float | None:
     if key.startswith("tput_"):
         return float(run["tput"][key.removeprefix("tput_")]["msgs_per_s"])
+    if key.startswith(("sender_cpu_us_", "receiver_cpu_us_")):
+        field, _, size = key.rpartition("_")
+        value = run["tput"][size].get(field)
+        return None if value is None else float(value)
     value = run.get(key)
     return None if value is None else float(value)
 
@@ -626,7 +638,7 @@ def _cell(value: float | None, key: str) -> str:
         return "-"
     if key.startswith("tput_"):
         return f"{value:,.0f}"
-    return f"{value:.1f}" if key.endswith("mib") else f"{value:.2f}"
+    return f"{value:.1f}" if key.endswith("mib") or "_cpu_us_" in key else f"{value:.2f}"
 
 
 ROWS = [
@@ -636,6 +648,12 @@ ROWS = [
     ("rtt_p99_ms", "round trip 256 B, p99 ms"),
     ("maxrss_mib", "sender peak RSS, MiB"),
     ("receiver_maxrss_mib", "receiver peak RSS, MiB"),
+    # Process CPU time (all threads) over a throughput phase ÷ messages; the relay's or
+    # SLIM node's CPU is not in it.
+    ("sender_cpu_us_256", "sender CPU µs per message, 256 B"),
+    ("receiver_cpu_us_256", "receiver CPU µs per message, 256 B"),
+    ("sender_cpu_us_16384", "sender CPU µs per message, 16 KiB"),
+    ("receiver_cpu_us_16384", "receiver CPU µs per message, 16 KiB"),
 ]
 
 

@@ -2,10 +2,10 @@
 
 ``Channel.send`` has the engine encrypt the message and store its outbox row in the
 transaction that saves the ratchet state (``Group.encrypt_queued``, ``mls.sqlite3``),
-then returns; when nothing older waits and the window has room it also queues the frame
-itself. A pump thread per channel sends the rest
-in order, coalescing whatever is waiting into Publish frames and keeping several frames
-in flight; each Reply retires its messages (their rows are deleted in batches). Every
+then returns; when nothing is in flight it also queues the frame itself. A pump thread
+per channel sends the rest in order: what was sent while a frame was on its way leaves
+in one frame when its Reply comes (Nagle's rule), and full frames pipeline, several in
+flight; each Reply retires its messages (their rows are deleted in batches). Every
 message carries a 16-byte id, stored with its row, and the relay stores an id at most
 once per sender and channel, so resending after a lost connection, a failover or a
 restart never duplicates.
@@ -23,6 +23,7 @@ channel's next send, send_batch or wait_stored call (docs/client.md, Sending).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import threading
@@ -81,6 +82,9 @@ class Entry:
     epoch: int
     payload: bytes
     ciphertext: bytes
+    #: Ciphertext bytes queued through this entry since the outbox opened: how much waits
+    #: after an entry is a subtraction, not a walk (an estimate once re-encrypted).
+    mark: int = 0
 
 
 class Outbox:
@@ -90,6 +94,10 @@ class Outbox:
         rows = channel._group.outbox()
         self._entries: deque[Entry] = deque(Entry(*row) for row in rows)
         self._bytes = sum(len(e.payload) for e in self._entries)
+        self._marked = 0  # ciphertext bytes queued since the outbox opened
+        for entry in self._entries:
+            self._marked += len(entry.ciphertext)
+            entry.mark = self._marked
         self._next_pos = rows[-1][0] + 1 if rows else 1
         self._done_through = self._next_pos - 1  # every pos up to here stored or failed
         self._sent = 0  # entries at the head of _entries in flight
@@ -194,26 +202,21 @@ class Outbox:
         epoch, ciphertexts = self._channel._group.encrypt_queued(queued)
         with self._cond:
             self._next_pos = first + len(payloads)
-        entries = [
-            Entry(pos, mid, epoch, payload, ct)
-            for (pos, mid, payload), ct in zip(queued, ciphertexts, strict=True)
-        ]
         link = self._channel._client.link
         with self._cond:
-            self._entries.extend(entries)
+            for (pos, mid, payload), ct in zip(queued, ciphertexts, strict=True):
+                self._marked += len(ct)
+                self._entries.append(Entry(pos, mid, epoch, payload, ct, self._marked))
             self._bytes += sum(len(p) for p in payloads)
             if self._thread is not None and not self._stopped and link.connected:
-                # The fast path: sent from here when the window has room, without waking
-                # the pump (a thread hand-off per message); otherwise the pump sends it
-                # with whatever else waits, in one frame.
+                # The fast path: sent from here, without waking the pump (a GIL hand-off
+                # per send). What it leaves waits for a Reply, which wakes the pump.
                 self._send_locked(link)
-            if self._sent < len(self._entries):
-                # Only the pump waits for new entries, and only for unsent ones: waking
-                # it for what already went out costs a GIL hand-off per send.
+            else:
                 self._notify()
         if self._thread is None:
             self._start()
-        return entries[-1].pos
+        return first + len(payloads) - 1
 
     def last_pos(self) -> int:
         with self._cond:
@@ -321,7 +324,18 @@ class Outbox:
             return True
         if self._halted is not None:
             return not self._inflight
-        return self._sent < len(self._entries) and len(self._inflight) < WINDOW
+        if self._sent >= len(self._entries) or len(self._inflight) >= WINDOW:
+            return False
+        return not self._inflight or self._fills_frame(self._sent)
+
+    def _fills_frame(self, index: int) -> bool:
+        """Whether the frame starting at ``_entries[index]`` is full; cheap when it
+        clearly is not. Caller holds _cond."""
+        first = self._entries[index]
+        waiting = self._marked - first.mark + len(first.ciphertext)
+        if len(self._entries) - index < MAX_FRAME_MESSAGES and waiting <= MAX_FRAME_BYTES:
+            return False
+        return self._next_frame(index)[1]
 
     def _collect(self) -> int:
         """Takes settled frames off the head; returns the last pos stored (0: none).
@@ -353,35 +367,46 @@ class Outbox:
         with self._cond:
             self._send_locked(link)
 
+    def _next_frame(self, index: int) -> tuple[list[Entry], bool]:
+        """The frame that starts at ``_entries[index]``, and whether it is full (more
+        would not fit). Frames hold one epoch: the head's. Caller holds _cond."""
+        epoch = self._entries[0].epoch
+        frame: list[Entry] = []
+        size = 0
+        for entry in itertools.islice(self._entries, index, None):
+            if entry.epoch != epoch:
+                break  # never two epochs in flight: the older may come back stale
+            if len(frame) >= MAX_FRAME_MESSAGES or (
+                frame and size + len(entry.ciphertext) > MAX_FRAME_BYTES
+            ):
+                return frame, True
+            frame.append(entry)
+            size += len(entry.ciphertext)
+        return frame, len(frame) >= MAX_FRAME_MESSAGES
+
     def _send_locked(self, link: RelayLink) -> None:
         """Sends what is unsent, as far as the window and the one-epoch rule allow.
-        Caller holds _cond (so frames are queued in position order)."""
+        Caller holds _cond (so frames are queued in position order).
+
+        A frame that is not full goes out only when nothing is in flight (Nagle's rule):
+        messages sent while a frame is on its way wait for its Reply and then leave
+        together, so a fast sender pays the per-frame cost once per batch, not once per
+        message, and a lone message still leaves at once. Full frames fill the window."""
         generation = link.generation
         channel = self._channel.name
         frames: list[list[Entry]] = []
         if self._halted is not None or not self._entries:
             return
-        epoch = self._entries[0].epoch
         index = self._sent
         room = WINDOW - len(self._inflight)
         while index < len(self._entries) and len(frames) < room:
-            frame: list[Entry] = []
-            size = 0
-            while index < len(self._entries):
-                entry = self._entries[index]
-                if entry.epoch != epoch:
-                    break  # never two epochs in flight: the older may come back stale
-                if frame and (
-                    len(frame) >= MAX_FRAME_MESSAGES
-                    or size + len(entry.ciphertext) > MAX_FRAME_BYTES
-                ):
-                    break
-                frame.append(entry)
-                size += len(entry.ciphertext)
-                index += 1
+            if (self._inflight or frames) and not self._fills_frame(index):
+                break
+            frame, _ = self._next_frame(index)
             if not frame:
                 break
             frames.append(frame)
+            index += len(frame)
         for frame in frames:
             try:
                 future = link.send_soon(

@@ -4,6 +4,7 @@ sender or the relay. Real processes, real kill -9."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import sqlite3
 import subprocess
@@ -133,6 +134,51 @@ def test_many_threads_send_at_once(stack: LocalStack, channel_name: str, ids: An
         for t in range(8):
             assert [int(i) for s, i in got if s == str(t)] == list(range(150)), "in order"
         assert chan_b.next_message(0.3) is None
+
+
+def test_messages_sent_while_a_frame_is_in_flight_leave_together(
+    stack: LocalStack, channel_name: str, ids: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nagle's rule: a lone message leaves at once; what is sent while its frame waits for
+    the Reply leaves in one frame after it, and full frames (1,024 messages) do not wait.
+    The first frame's Reply is held back from the outbox until the test releases it."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        chan_a.send(b"warm")  # the pump runs: later sends take the fast path
+        chan_a.wait_stored(10)
+        frames: list[int] = []
+        release = threading.Event()
+        send_soon = ca.link.send_soon
+
+        def held(timeout: float, pin: int | None = None, **kind: Any) -> Any:
+            future = send_soon(timeout, pin=pin, **kind)
+            if "publish" not in kind:
+                return future
+            frames.append(len(kind["publish"].message))
+            if len(frames) > 1:
+                return future
+            proxy: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
+
+            def forward() -> None:
+                release.wait(30)
+                try:
+                    proxy.set_result(future.result(30))
+                except BaseException as exc:
+                    proxy.set_exception(exc)
+
+            threading.Thread(target=forward, daemon=True).start()
+            return proxy
+
+        monkeypatch.setattr(ca.link, "send_soon", held)
+        chan_a.send(b"first")
+        for i in range(2100):
+            chan_a.send(b"m%d" % i)
+        assert frames == [1, 1024, 1024], "only full frames left while one was in flight"
+        release.set()
+        chan_a.wait_stored(30)
+        assert frames == [1, 1024, 1024, 52]
+        expected = [b"warm", b"first"] + [b"m%d" % i for i in range(2100)]
+        assert take(chan_b, len(expected)) == expected
 
 
 def test_send_blocks_while_the_outbox_is_full(ids: Any, monkeypatch: pytest.MonkeyPatch) -> None:
