@@ -257,7 +257,7 @@ async def round_trips(conn: RelayConnection, msg: bytes, seconds: float) -> list
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t = time.perf_counter()
-        await conn.request(publish=pb.Publish(channel=CHANNEL, message=[msg]), timeout=300)
+        await conn.request(pb.Publish(channel=CHANNEL, message=[msg]), timeout=300)
         rtts.append((time.perf_counter() - t) * 1000)
     return rtts
 
@@ -290,7 +290,7 @@ async def measure(args: argparse.Namespace) -> None:
         conn = RelayConnection(relay_url, reply.json()["token"], b"bench")
         await conn.open()
         info = await asyncio.to_thread(group_info, api_url, key)
-        await conn.request(create=pb.CreateChannel(channel=CHANNEL, group_info=info))
+        await conn.request(pb.CreateChannel(channel=CHANNEL, group_info=info))
         await round_trips(conn, msg, 1.0)  # warm-up
         for name, kind, n in phases:
             attackers = start_attack(kind, api_url, args.seconds, n) if kind else []

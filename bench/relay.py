@@ -60,7 +60,7 @@ async def wait_relay(target: str, token: str) -> None:
         try:
             async with RelayConnection(target, token, b"probe") as conn:
                 # Any answer will do (the channel may not exist yet): the relay is up.
-                await conn.request(create=pb.CreateChannel(channel=CHANNEL), timeout=2, check=False)
+                await conn.request(pb.CreateChannel(channel=CHANNEL), timeout=2, check=False)
                 return
         except (grpc.aio.AioRpcError, ConnectionError, TimeoutError):
             await asyncio.sleep(0.2)
@@ -78,7 +78,7 @@ async def create_channel(target: str, token: str, api: tuple[str, str]) -> None:
 
     info = await asyncio.to_thread(group_info)
     async with RelayConnection(target, token, b"creator") as conn:
-        await conn.request(create=pb.CreateChannel(channel=CHANNEL, group_info=info))
+        await conn.request(pb.CreateChannel(channel=CHANNEL, group_info=info))
 
 
 def message(size: int) -> bytes:
@@ -105,7 +105,7 @@ async def publish_all(
         while len(inflight) >= window:
             _, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
         t = time.perf_counter()
-        fut = await sender.send(publish=pb.Publish(channel=CHANNEL, message=[msg]))
+        fut = await sender.send(pb.Publish(channel=CHANNEL, message=[msg]))
         fut.add_done_callback(done(t))
         inflight.add(fut)
     if inflight:
@@ -142,10 +142,8 @@ async def fanout(targets: list[str], token: str, subscribers: int, count: int, m
         for i in range(subscribers)
     ]
     await asyncio.gather(*(s.open() for s in subs))
-    head = (await sender.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
-    await asyncio.gather(
-        *(s.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=head)) for s in subs)
-    )
+    head = (await sender.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    await asyncio.gather(*(s.request(pb.Subscribe(channel=CHANNEL, after_seq=head)) for s in subs))
     start = time.perf_counter()
     receivers = [asyncio.create_task(drain(s, count)) for s in subs]
     await publish_all(sender, msg, count)
@@ -169,8 +167,8 @@ async def paced_latency(
     sub = RelayConnection(targets[-1], token, b"paced-sub")
     await sender.open()
     await sub.open()
-    head = (await sender.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
-    await sub.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=head))
+    head = (await sender.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    await sub.request(pb.Subscribe(channel=CHANNEL, after_seq=head))
     count = int(rate * seconds)
     arrivals: dict[int, float] = {}
     receiver = asyncio.create_task(drain(sub, count, arrivals))
@@ -182,7 +180,7 @@ async def paced_latency(
         if delay > 0:
             await asyncio.sleep(delay)
         t = time.perf_counter()
-        fut = await sender.send(publish=pb.Publish(channel=CHANNEL, message=[msg]))
+        fut = await sender.send(pb.Publish(channel=CHANNEL, message=[msg]))
         fut.add_done_callback(_record(sent, t))
         replies.append(fut)
     await asyncio.gather(*replies)
@@ -201,12 +199,12 @@ async def idle_streams(target: str, token: str, pid: int, streams: int) -> tuple
         for i in range(streams)
     ]
     async with RelayConnection(target, token, b"head") as probe:
-        head = (await probe.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
+        head = (await probe.request(pb.CreateChannel(channel=CHANNEL))).head_seq
     for i in range(0, streams, 100):
         batch = conns[i : i + 100]
         await asyncio.gather(*(c.open() for c in batch))
         await asyncio.gather(
-            *(c.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=head)) for c in batch)
+            *(c.request(pb.Subscribe(channel=CHANNEL, after_seq=head)) for c in batch)
         )
     await asyncio.sleep(1)
     after = rss_mb(pid)

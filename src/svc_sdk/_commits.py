@@ -57,7 +57,7 @@ class Commits:
                         if refreshed:
                             raise
                         refreshed = True
-                        head = channel._relay(create=pb.CreateChannel(channel=channel.name))
+                        head = channel._relay(pb.CreateChannel(channel=channel.name))
                         if head.epoch <= channel._group.epoch:
                             raise
                         self.catch_up(head.epoch)
@@ -73,7 +73,7 @@ class Commits:
                     try:
                         reply = channel._client.wait(
                             link.submit(
-                                link.request(channel._client.timeout, retry=False, commit=frame)
+                                link.request(frame, timeout=channel._client.timeout, retry=False)
                             )
                         )
                     except RelayError as exc:
@@ -130,7 +130,7 @@ class Commits:
         it was never stored: drop it (False) so the caller builds a new one."""
         channel = self._channel
         link = channel._client.link
-        reply = channel._relay(create=pb.CreateChannel(channel=channel.name))  # head_seq
+        reply = channel._relay(pb.CreateChannel(channel=channel.name))  # head_seq
         channel._client.wait(link.submit(link.wait_received(channel.name, reply.head_seq, 30.0)))
         epoch = channel._group.epoch
         channel._drain_available()

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from svc_sdk._admissions import Admissions
 from svc_sdk._checks import MAX_PAYLOAD, check_payload, check_wait
@@ -29,6 +29,7 @@ from svc_sdk.errors import AccessError, ChannelClosedError, MlsError, SvcError
 from svc_sdk.health import ChannelHealth
 from svc_sdk.message import Accept, Message, MessageIterator
 from svc_sdk.outbox import Outbox
+from svc_sdk.relay_client import Request
 
 if TYPE_CHECKING:
     from svc_sdk.client import SvcClient
@@ -350,7 +351,7 @@ class Channel:
                     "first (set_role(member, 'owner'))"
                 )
             proposal = self._group.propose_leave()
-            self._relay(publish=pb.Publish(channel=self.name, message=[proposal]))
+            self._relay(pb.Publish(channel=self.name, message=[proposal]))
         deadline = time.monotonic() + timeout
         while self._closed is None and time.monotonic() < deadline:
             with self._cond:
@@ -360,8 +361,9 @@ class Channel:
         if self._closed is None:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
 
-    def _relay(self, retry: bool = True, **kind: Any) -> pb.Reply:
-        return self._client._request(self.name, retry, **kind)
+    def _relay(self, request: Request, *, retry: bool = True) -> pb.Reply:
+        """``request`` about this channel, waited for; a refusal as a library error."""
+        return self._client._request(request, channel=self.name, retry=retry)
 
     def _catch_up(self, epoch: int) -> None:
         """Processes deliveries until the group reaches ``epoch``. Caller holds the lock.

@@ -36,7 +36,7 @@ from svc_sdk.errors import (
 from svc_sdk.health import ClientHealth
 from svc_sdk.local_state import LocalState
 from svc_sdk.names import check_channel_name
-from svc_sdk.relay_client import RelayError
+from svc_sdk.relay_client import RelayError, Request
 from svc_sdk.relay_link import RelayLink
 
 log = logging.getLogger("svc_sdk")
@@ -235,10 +235,12 @@ class SvcClient:
         except concurrent.futures.CancelledError:
             raise ChannelClosedError("the client is closed") from None
 
-    def _request(self, channel: str, retry: bool = True, **kind: Any) -> pb.Reply:
-        """One relay request about ``channel``, waited for; a refusal as a library error."""
+    def _request(self, request: Request, *, channel: str, retry: bool = True) -> pb.Reply:
+        """``request`` (about ``channel``), waited for; a refusal as a library error."""
         try:
-            return self.wait(self.link.submit(self.link.request(self.timeout, retry, **kind)))
+            return self.wait(
+                self.link.submit(self.link.request(request, timeout=self.timeout, retry=retry))
+            )
         except RelayError as exc:
             raise relay_error(exc, channel) from None
 
@@ -302,7 +304,7 @@ class SvcClient:
         group = self.engine.create_group(name.encode())
         try:
             self._request(
-                name, create=pb.CreateChannel(channel=name, group_info=group.group_info())
+                pb.CreateChannel(channel=name, group_info=group.group_info()), channel=name
             )
             self.state.add_channel(name, 0, 0)
         except BaseException:
@@ -396,7 +398,7 @@ class SvcClient:
         deadline = time.monotonic() + timeout
         key_package = self.engine.generate_key_package()
         join_id = self._api().redeem_invite(channel, token, key_package)
-        self._request(channel, join=pb.JoinRequest(channel=channel, join_id=join_id))
+        self._request(pb.JoinRequest(channel=channel, join_id=join_id), channel=channel)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -410,13 +410,13 @@ class Outbox:
         for frame in frames:
             try:
                 future = link.send_soon(
-                    self._channel._client.timeout,
-                    pin=generation,
-                    publish=pb.Publish(
+                    pb.Publish(
                         channel=channel,
                         message=[e.ciphertext for e in frame],
                         message_id=[e.id for e in frame],
                     ),
+                    timeout=self._channel._client.timeout,
+                    pin=generation,
                 )
             except ChannelClosedError:
                 self._stopped = True

@@ -4,8 +4,11 @@ in queues of deliveries and Welcomes for code that drives the protocol by hand.
 
 The high-level ``SvcClient`` builds on this; benchmarks and tests use it directly.
 
+A request is one of the messages a ``ClientFrame`` carries (:data:`Request`); every layer
+above passes it on as it is, and :meth:`RelayConnection.send` alone wraps it in a frame.
+
     >>> async with RelayConnection("127.0.0.1:50051", token, b"agent-a") as relay:
-    ...     await relay.request(create=pb.CreateChannel(channel="acme/ns/svc"))
+    ...     await relay.request(pb.CreateChannel(channel="acme/ns/svc"))
 """
 
 from __future__ import annotations
@@ -15,14 +18,54 @@ import contextlib
 import itertools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
+from google.protobuf import message_factory
 
 from svc_sdk import credentials
 from svc_sdk._relay_pb import relay_pb2 as pb
 
 METHOD = "/svc.relay.v1.Relay/Connect"
+
+#: What a client asks the relay: one of the messages of ``ClientFrame``'s ``kind`` oneof.
+#: (Written out for type checkers; tests/client/test_relay_client.py holds it to the oneof.)
+Request: TypeAlias = (
+    pb.CreateChannel
+    | pb.Subscribe
+    | pb.Unsubscribe
+    | pb.Publish
+    | pb.Commit
+    | pb.Refresh
+    | pb.JoinRequest
+)
+
+# The oneof field of each request type, read from the descriptor so that the proto is
+# the one place that says which message goes in which field.
+_FIELD: dict[type, str] = {
+    message_factory.GetMessageClass(field.message_type): field.name
+    for field in pb.ClientFrame.DESCRIPTOR.oneofs_by_name["kind"].fields
+}
+
+
+def client_frame(request: Request, request_id: int) -> pb.ClientFrame:
+    """The ``ClientFrame`` carrying ``request`` (copied into the oneof field of its
+    type), numbered ``request_id``. TypeError for a message that is not a request.
+
+    >>> client_frame(pb.Unsubscribe(channel="acme/ns/svc"), 7).WhichOneof("kind")
+    'unsubscribe'
+    """
+    try:
+        field = _FIELD[type(request)]
+    except KeyError:
+        raise TypeError(
+            f"not a relay request: {type(request).__name__} (expected one of "
+            f"{', '.join(t.__name__ for t in _FIELD)})"
+        ) from None
+    frame = pb.ClientFrame(request_id=request_id)
+    # CopyFrom on the field, not a keyword argument: no dict per frame on the hot path.
+    getattr(frame, field).CopyFrom(request)
+    return frame
 
 
 def target_of(endpoint: str) -> str:
@@ -170,8 +213,19 @@ class RelayConnection:
         elif kind == "welcome":
             self.welcomes.put_nowait(frame.welcome)
 
-    async def send(self, **kind: Any) -> asyncio.Future[pb.Reply]:
-        """Writes a frame; returns the future of its Reply."""
+    async def send(self, request: Request) -> asyncio.Future[pb.Reply]:
+        """Writes ``request`` in a frame of its own and returns the future of the relay's
+        Reply to it, whatever the Reply's code. The one place a request becomes a frame
+        (:func:`client_frame`): the layers above (``Channel``, ``SvcClient``, ``RelayLink``)
+        hand the message down as it is. Raises TypeError for a message that is not a
+        request, and what the write raised (grpc's error on a broken stream); the future
+        fails with the stream's error, or ConnectionError, if the stream ends first.
+
+            >>> replied = await relay.send(pb.Subscribe(channel="acme/ns/svc", after_seq=0))
+            >>> reply = await replied  # OK or not: the caller reads reply.code
+            >>> reply.code, reply.head_seq
+            (0, 12)
+        """
         request_id = next(self._ids)
         future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
@@ -179,7 +233,7 @@ class RelayConnection:
             # One write at a time, in call order (asyncio.Lock is FIFO): concurrent senders
             # keep the order in which they asked.
             async with self._write_lock:
-                await self._call.write(pb.ClientFrame(request_id=request_id, **kind))
+                await self._call.write(client_frame(request, request_id))
         except BaseException:
             # The caller gets the write's error; a future nobody holds must not fail later
             # ("Future exception was never retrieved" once per lost write).
@@ -188,9 +242,12 @@ class RelayConnection:
             raise
         return future
 
-    async def request(self, timeout: float = 30.0, check: bool = True, **kind: Any) -> pb.Reply:
-        """Sends a frame and waits for its Reply; RelayError for a non-OK code."""
-        reply = await asyncio.wait_for(await self.send(**kind), timeout)
+    async def request(
+        self, request: Request, *, timeout: float = 30.0, check: bool = True
+    ) -> pb.Reply:
+        """``send`` and wait up to ``timeout`` for the Reply; RelayError for a non-OK code
+        unless ``check`` is false."""
+        reply = await asyncio.wait_for(await self.send(request), timeout)
         if check and reply.code != 0:
             raise RelayError(reply)
         return reply

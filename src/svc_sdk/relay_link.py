@@ -35,7 +35,7 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
-from svc_sdk.relay_client import RelayConnection, RelayError
+from svc_sdk.relay_client import RelayConnection, RelayError, Request
 
 log = logging.getLogger("svc_sdk.relay")
 
@@ -126,7 +126,7 @@ class RelayLink:
         self.generation = 0
         # Frames from send_soon, written by one task in the order they were queued.
         self._queued: deque[
-            tuple[dict[str, Any], concurrent.futures.Future[pb.Reply], float, int | None]
+            tuple[Request, concurrent.futures.Future[pb.Reply], float, int | None]
         ] = deque()
         self._queued_wake: asyncio.Event | None = None
 
@@ -179,13 +179,13 @@ class RelayLink:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def send_soon(
-        self, timeout: float, pin: int | None = None, **kind: Any
+        self, request: Request, *, timeout: float, pin: int | None = None
     ) -> concurrent.futures.Future[pb.Reply]:
-        """``submit(request(timeout, **kind))`` for the hot path (publishes): frames are
-        queued for one writer task instead of each getting a task of its own, which takes
-        a thread hand-off and an event-loop turn off every send. Frames are written in
-        the order they were queued; a connection lost before the Reply falls back to
-        ``request``, which resends after the reconnect.
+        """``submit(request(request, timeout=timeout))`` for the hot path (publishes):
+        requests are queued for one writer task instead of each getting a task of its own,
+        which takes a thread hand-off and an event-loop turn off every send. They are
+        written in the order they were queued; a connection lost before the Reply falls
+        back to ``request``, which resends after the reconnect.
 
         With ``pin`` (a :attr:`generation`), the frame goes out on that connection or not
         at all: if it is gone, or goes before the Reply, the future fails with
@@ -193,7 +193,7 @@ class RelayLink:
         if self._closing:
             raise ChannelClosedError("the client is closed")
         future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
-        self._queued.append((kind, future, time.monotonic() + timeout, pin))
+        self._queued.append((request, future, time.monotonic() + timeout, pin))
         assert self._queued_wake is not None
         self._loop.call_soon_threadsafe(self._queued_wake.set)
         return future
@@ -205,25 +205,25 @@ class RelayLink:
                 await self._queued_wake.wait()
                 self._queued_wake.clear()
                 while self._queued:
-                    kind, future, deadline, pin = self._queued.popleft()
+                    request, future, deadline, pin = self._queued.popleft()
                     if not future.set_running_or_notify_cancel():
                         continue  # the caller gave up
                     if pin is not None:
-                        await self._write_pinned(kind, future, pin)
+                        await self._write_pinned(request, future, pin)
                         continue
                     try:
                         conn = await self._wait_connected(deadline - time.monotonic())
-                        replied = await conn.send(**kind)
+                        replied = await conn.send(request)
                     except asyncio.CancelledError:
                         future.set_exception(ChannelClosedError("the client is closed"))
                         raise
                     except (ConnectionError, grpc.RpcError, asyncio.InvalidStateError):
-                        self._retry(future, kind, deadline)
+                        self._retry(future, request, deadline)
                         continue
                     except Exception as exc:  # e.g. no connection in time: this send fails
                         future.set_exception(exc)
                         continue
-                    replied.add_done_callback(partial(self._replied, future, kind, deadline))
+                    replied.add_done_callback(partial(self._replied, future, request, deadline))
         finally:  # closing: nothing queued may wait forever
             while self._queued:
                 _, future, _, _ = self._queued.popleft()
@@ -231,14 +231,14 @@ class RelayLink:
                     future.set_exception(ChannelClosedError("the client is closed"))
 
     async def _write_pinned(
-        self, kind: dict[str, Any], future: concurrent.futures.Future[pb.Reply], pin: int
+        self, request: Request, future: concurrent.futures.Future[pb.Reply], pin: int
     ) -> None:
         conn = self._conn
         if conn is None or pin != self.generation or not self.connected:
             future.set_exception(TransportError("relay connection lost before sending"))
             return
         try:
-            replied = await conn.send(**kind)
+            replied = await conn.send(request)
         except asyncio.CancelledError:
             future.set_exception(ChannelClosedError("the client is closed"))
             raise
@@ -261,23 +261,23 @@ class RelayLink:
     def _replied(
         self,
         future: concurrent.futures.Future[pb.Reply],
-        kind: dict[str, Any],
+        request: Request,
         deadline: float,
         done: asyncio.Future[pb.Reply],
     ) -> None:
         if done.cancelled() or done.exception() is not None:
-            self._retry(future, kind, deadline)  # the stream broke before the Reply
+            self._retry(future, request, deadline)  # the stream broke before the Reply
         elif done.result().code != 0:
             future.set_exception(RelayError(done.result()))
         else:
             future.set_result(done.result())
 
     def _retry(
-        self, future: concurrent.futures.Future[pb.Reply], kind: dict[str, Any], deadline: float
+        self, future: concurrent.futures.Future[pb.Reply], request: Request, deadline: float
     ) -> None:
         async def again() -> None:
             try:
-                reply = await self.request(max(0.0, deadline - time.monotonic()), **kind)
+                reply = await self.request(request, timeout=max(0.0, deadline - time.monotonic()))
             except asyncio.CancelledError:
                 future.set_exception(ChannelClosedError("the client is closed"))
                 raise
@@ -298,8 +298,8 @@ class RelayLink:
 
     # -- operations (call through ``call``) --------------------------------------------
 
-    async def request(self, timeout: float, retry: bool = True, **kind: Any) -> pb.Reply:
-        """Sends one frame and returns its OK Reply. Waits out reconnects (resending
+    async def request(self, request: Request, *, timeout: float, retry: bool = True) -> pb.Reply:
+        """Sends ``request`` and returns its OK Reply. Waits out reconnects (resending
         when ``retry``) until ``timeout``; a non-OK Reply raises RelayError."""
         deadline = time.monotonic() + timeout
         while True:
@@ -307,7 +307,7 @@ class RelayLink:
             try:
                 # asyncio.timeout, not wait_for: no extra task per request on the hot path.
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    reply = await (await conn.send(**kind))
+                    reply = await (await conn.send(request))
             except (ConnectionError, grpc.RpcError, asyncio.InvalidStateError) as exc:
                 if not retry or time.monotonic() >= deadline:
                     raise TransportError(f"relay connection lost: {exc}") from None
@@ -337,7 +337,7 @@ class RelayLink:
         self._subs.pop(channel, None)
         if self._conn is not None:
             with contextlib.suppress(Exception):
-                await self._conn.send(unsubscribe=pb.Unsubscribe(channel=channel))
+                await self._conn.send(pb.Unsubscribe(channel=channel))
 
     async def wait_received(self, channel: str, seq: int, timeout: float) -> None:
         """Waits until the sink of ``channel`` was handed everything up to ``seq``."""
@@ -418,7 +418,7 @@ class RelayLink:
                 await conn.open()
                 # The first Reply proves the stream is up and the token accepted.
                 reply = await asyncio.wait_for(
-                    await conn.send(refresh=pb.Refresh(token=token)), 5.0 if attempt else 10.0
+                    await conn.send(pb.Refresh(token=token)), 5.0 if attempt else 10.0
                 )
                 if reply.code != 0:
                     raise RelayError(reply)
@@ -486,7 +486,7 @@ class RelayLink:
     async def _subscribe(self, sub: _Sub, channel: str) -> None:
         assert self._conn is not None
         reply = await asyncio.wait_for(
-            await self._conn.send(subscribe=pb.Subscribe(channel=channel, after_seq=sub.received)),
+            await self._conn.send(pb.Subscribe(channel=channel, after_seq=sub.received)),
             10.0,
         )
         if reply.code != 0:
@@ -510,7 +510,7 @@ class RelayLink:
             conn = self._conn
             if conn is not None:
                 with contextlib.suppress(Exception):
-                    await conn.request(timeout=10, refresh=pb.Refresh(token=token))
+                    await conn.request(pb.Refresh(token=token), timeout=10)
 
     def _on_frame(self, frame: pb.ServerFrame) -> None:
         kind = frame.WhichOneof("kind")

@@ -144,7 +144,7 @@ def test_join_request_frames_are_checked(stack: LocalStack, channel_name: str, i
                 mallory.wait(
                     mallory.link.submit(
                         mallory.link.request(
-                            10, join=pb.JoinRequest(channel=channel_name, join_id=join)
+                            pb.JoinRequest(channel=channel_name, join_id=join), timeout=10
                         )
                     )
                 )

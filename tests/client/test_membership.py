@@ -60,7 +60,7 @@ def _relay_code(stack: LocalStack, api_key: str, identity: str, channel: str) ->
 
     async def subscribe() -> int:
         async with RelayConnection(stack.relay_url, token, identity.encode()) as conn:
-            reply = await conn.request(check=False, subscribe=pb.Subscribe(channel=channel))
+            reply = await conn.request(pb.Subscribe(channel=channel), check=False)
             return reply.code
 
     return asyncio.run(subscribe())

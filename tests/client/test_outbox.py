@@ -221,7 +221,7 @@ def test_bad_input_at_the_new_entry_points(stack: LocalStack, channel_name: str,
         def publish(ids: list[bytes]) -> pb.Reply:
             frame = pb.Publish(channel=channel_name, message=[message], message_id=ids)
             try:
-                return ca.link.call(ca.link.request(10, publish=frame), 15)
+                return ca.link.call(ca.link.request(frame, timeout=10), 15)
             except RelayError as exc:
                 return exc.reply
 
@@ -251,7 +251,7 @@ def test_sending_stays_ordered_across_reconnects(stack: LocalStack, ids: Any) ->
         assert got == [f"{r}:{i}".encode() for r in range(3) for i in range(200)]
         # A frame pinned to an earlier connection never goes out on a later one.
         frame = pb.Publish(channel=channel, message=[chan_a._group.encrypt(b"never")])
-        stale = ca.link.send_soon(5, pin=ca.link.generation - 1, publish=frame)
+        stale = ca.link.send_soon(frame, timeout=5, pin=ca.link.generation - 1)
         with pytest.raises(TransportError, match="connection lost before sending"):
             stale.result(10)
         assert chan_b.next_message(0.3) is None

@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -27,6 +26,7 @@ from hypothesis import strategies as st
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.api_client import ApiClient
 from svc_sdk.mls import Group
+from svc_sdk.relay_client import Request, client_frame
 from svc_sdk.testing import LocalStack
 
 from ..client.helpers import pair, take
@@ -134,8 +134,8 @@ class Target:
         return results
 
 
-def frame(request_id: int = 1, **kind: Any) -> bytes:
-    data: bytes = pb.ClientFrame(request_id=request_id, **kind).SerializeToString()
+def frame(request: Request, request_id: int = 1) -> bytes:
+    data: bytes = client_frame(request, request_id).SerializeToString()
     return data
 
 
@@ -148,7 +148,7 @@ def target(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
     group = owner.create_group(CHANNEL.encode())
     t = Target(stack, api, identity, group, [], [])
     reply = t.connect().exchange(
-        frame(create=pb.CreateChannel(channel=CHANNEL, group_info=group.group_info()))
+        frame(pb.CreateChannel(channel=CHANNEL, group_info=group.group_info()))
     )
     assert isinstance(reply, pb.Reply) and reply.code == 0, reply
     new_group_info = owner.create_group(NEW_CHANNEL.encode()).group_info()
@@ -160,19 +160,15 @@ def target(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
     messages = [group.encrypt(b"genuine"), group.encrypt(b"y" * 200)]
     t.mls = [pending.commit, pending.welcome, *messages, new_group_info, group.group_info()]
     t.frames = [
-        frame(create=pb.CreateChannel(channel=CHANNEL)),
-        frame(create=pb.CreateChannel(channel=NEW_CHANNEL, group_info=new_group_info)),
-        frame(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=1 << 40)),
-        frame(unsubscribe=pb.Unsubscribe(channel=CHANNEL)),
-        frame(publish=pb.Publish(channel=CHANNEL, message=messages[:1])),
-        frame(publish=pb.Publish(channel=CHANNEL, message=messages)),
-        frame(
-            commit=pb.Commit(
-                channel=CHANNEL, epoch=0, commit=pending.commit, welcome=pending.welcome
-            )
-        ),
-        frame(refresh=pb.Refresh(token=api.token())),
-        frame(join=pb.JoinRequest(channel=CHANNEL, join_id=str(uuid.uuid4()))),
+        frame(pb.CreateChannel(channel=CHANNEL)),
+        frame(pb.CreateChannel(channel=NEW_CHANNEL, group_info=new_group_info)),
+        frame(pb.Subscribe(channel=CHANNEL, after_seq=1 << 40)),
+        frame(pb.Unsubscribe(channel=CHANNEL)),
+        frame(pb.Publish(channel=CHANNEL, message=messages[:1])),
+        frame(pb.Publish(channel=CHANNEL, message=messages)),
+        frame(pb.Commit(channel=CHANNEL, epoch=0, commit=pending.commit, welcome=pending.welcome)),
+        frame(pb.Refresh(token=api.token())),
+        frame(pb.JoinRequest(channel=CHANNEL, join_id=str(uuid.uuid4()))),
     ]
     yield t
     if t.stream is not None:
@@ -205,7 +201,7 @@ def structured(draw: st.DrawFn, mls: list[bytes]) -> bytes:
         )
     )
     if kind == "create":
-        body: Any = pb.CreateChannel(channel=channel, group_info=draw(blob))
+        body: Request = pb.CreateChannel(channel=channel, group_info=draw(blob))
     elif kind == "subscribe":
         body = pb.Subscribe(channel=channel, after_seq=draw(st.integers(1 << 30, 2**64 - 1)))
     elif kind == "unsubscribe":
@@ -225,7 +221,7 @@ def structured(draw: st.DrawFn, mls: list[bytes]) -> bytes:
         body = pb.JoinRequest(
             channel=channel, join_id=draw(st.one_of(st.uuids().map(str), st.text(max_size=40)))
         )
-    return frame(request_id, **{kind: body})
+    return frame(body, request_id)
 
 
 # Frames per example: sent at once, as a pipelining client does, so one round trip
@@ -255,7 +251,7 @@ def test_relay_frames(target: Target) -> None:
     assert proc is not None and proc.poll() is None, "the relay process died"
 
     # The fuzzed channel is what its owner thinks: reconcile the one pending commit.
-    head = target.send(frame(create=pb.CreateChannel(channel=CHANNEL)))
+    head = target.send(frame(pb.CreateChannel(channel=CHANNEL)))
     assert isinstance(head, pb.Reply) and head.code == 0, head
     if head.epoch == 1:
         target.group.apply_pending_commit()
@@ -263,13 +259,11 @@ def test_relay_frames(target: Target) -> None:
         assert head.epoch == 0, head
         target.group.clear_pending_commit()
     update = target.group.self_update()
-    reply = target.send(
-        frame(commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit))
-    )
+    reply = target.send(frame(pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)))
     assert isinstance(reply, pb.Reply) and reply.code == 0, reply
     target.group.apply_pending_commit()
     reply = target.send(
-        frame(publish=pb.Publish(channel=CHANNEL, message=[target.group.encrypt(b"after")]))
+        frame(pb.Publish(channel=CHANNEL, message=[target.group.encrypt(b"after")]))
     )
     assert isinstance(reply, pb.Reply) and reply.code == 0, reply
 

@@ -37,14 +37,12 @@ class Member:
     async def create(self, channel: str) -> None:
         self.group = self.engine.create_group(channel.encode())
         await self.conn.request(
-            create=pb.CreateChannel(channel=channel, group_info=self.group.group_info())
+            pb.CreateChannel(channel=channel, group_info=self.group.group_info())
         )
         await self.subscribe(channel)
 
     async def subscribe(self, channel: str) -> pb.Reply:
-        return await self.conn.request(
-            subscribe=pb.Subscribe(channel=channel, after_seq=self.cursor)
-        )
+        return await self.conn.request(pb.Subscribe(channel=channel, after_seq=self.cursor))
 
     async def add(self, channel: str, other: Member) -> None:
         assert self.group is not None
@@ -54,7 +52,7 @@ class Member:
         """Sends ``pending`` and applies it once the relay accepted it."""
         assert self.group is not None
         reply = await self.conn.request(
-            commit=pb.Commit(
+            pb.Commit(
                 channel=channel,
                 epoch=pending.epoch,
                 commit=pending.commit,
@@ -75,7 +73,7 @@ class Member:
     async def send(self, channel: str, text: str) -> int:
         assert self.group is not None
         reply = await self.conn.request(
-            publish=pb.Publish(channel=channel, message=[self.group.encrypt(text.encode())])
+            pb.Publish(channel=channel, message=[self.group.encrypt(text.encode())])
         )
         return reply.seq
 
@@ -102,7 +100,7 @@ async def create_channel(
     relay then tracks."""
     made = await asyncio.to_thread(engine, root, conn.identity.decode(), api)
     group = made.create_group(channel.encode())
-    await conn.request(create=pb.CreateChannel(channel=channel, group_info=group.group_info()))
+    await conn.request(pb.CreateChannel(channel=channel, group_info=group.group_info()))
     return group
 
 

@@ -62,7 +62,7 @@ async def open_status(stack: Stack, token: str, identity: bytes = b"x") -> grpc.
     conn = RelayConnection(stack.relay_url, token, identity)
     try:
         await conn.open()
-        await conn.request(unsubscribe=pb.Unsubscribe(channel=CHANNEL), timeout=10)
+        await conn.request(pb.Unsubscribe(channel=CHANNEL), timeout=10)
     except grpc.aio.AioRpcError as exc:
         return exc.code()
     except ConnectionError:
@@ -121,7 +121,7 @@ async def test_stream_closes_when_token_expires_and_refresh_extends(
     short = forge(stack, account, exp=int(time.time()) + 2)
     conn = RelayConnection(stack.relay_url, short, b"short-lived")
     await conn.open()
-    await conn.request(unsubscribe=pb.Unsubscribe(channel=CHANNEL))
+    await conn.request(pb.Unsubscribe(channel=CHANNEL))
     assert conn.closed is not None
     error = await asyncio.wait_for(conn.closed, 10)
     assert error is not None and error.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -132,11 +132,11 @@ async def test_stream_closes_when_token_expires_and_refresh_extends(
         stack.relay_url, forge(stack, account, exp=int(time.time()) + 2), b"refresher"
     )
     await refreshed.open()
-    await refreshed.request(refresh=pb.Refresh(token=await account.token()))
+    await refreshed.request(pb.Refresh(token=await account.token()))
     await asyncio.sleep(3)
-    assert (await refreshed.request(unsubscribe=pb.Unsubscribe(channel=CHANNEL))).code == 0
+    assert (await refreshed.request(pb.Unsubscribe(channel=CHANNEL))).code == 0
     other = forge(stack, account, sub=str(uuid.uuid4()))
-    reply = await refreshed.request(check=False, refresh=pb.Refresh(token=other))
+    reply = await refreshed.request(pb.Refresh(token=other), check=False)
     assert reply.code == grpc.StatusCode.UNAUTHENTICATED.value[0]
     await refreshed.close()
 
@@ -161,7 +161,7 @@ async def test_slow_subscriber_never_stalls_the_others(
         for c in (sender, fast):
             await c.open()
         await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
-        await fast.request(subscribe=pb.Subscribe(channel=CHANNEL))
+        await fast.request(pb.Subscribe(channel=CHANNEL))
         # A subscriber that never reads its stream.
         channel = grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://"))
         stuck = channel.stream_stream(
@@ -174,7 +174,7 @@ async def test_slow_subscriber_never_stalls_the_others(
         big = large_group_message(64 * 1024)
         count = 300
         for _ in range(count):
-            await sender.request(publish=pb.Publish(channel=CHANNEL, message=[big]))
+            await sender.request(pb.Publish(channel=CHANNEL, message=[big]))
         got = [await asyncio.wait_for(fast.deliveries.get(), 10) for _ in range(count)]
         assert [d.seq for d in got] == list(range(1, count + 1))
         # The stuck one is told to resume from its cursor once it reads again.
@@ -199,14 +199,12 @@ async def test_cursor_behind_retention_is_a_clear_error(
     await conn.open()
     await create_channel(conn, (account.api_url, account.key), tmp_path, CHANNEL)
     for _ in range(3):
-        await conn.request(
-            publish=pb.Publish(channel=CHANNEL, message=[engine_group_message(stack)])
-        )
+        await conn.request(pb.Publish(channel=CHANNEL, message=[engine_group_message(stack)]))
     await stack.relay.relay.store.trim(time.time() + 1)  # as if retention had passed
-    reply = await conn.request(check=False, subscribe=pb.Subscribe(channel=CHANNEL, after_seq=0))
+    reply = await conn.request(pb.Subscribe(channel=CHANNEL, after_seq=0), check=False)
     assert reply.code == grpc.StatusCode.OUT_OF_RANGE.value[0]
     assert "removed by retention" in reply.message
-    ok = await conn.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=3))
+    ok = await conn.request(pb.Subscribe(channel=CHANNEL, after_seq=3))
     assert ok.head_seq == 3
     await conn.close()
 

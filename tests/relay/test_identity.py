@@ -74,10 +74,10 @@ async def test_commits_whose_welcome_does_not_match_the_added_members_are_refuse
         (commit(welcome=pending.commit), "must be an MLS Welcome"),
     ]
     for frame, message in cases:
-        reply = await alice.conn.request(check=False, commit=frame)
+        reply = await alice.conn.request(frame, check=False)
         assert reply.code == INVALID and message in reply.message, (message, reply)
     # Nothing was stored: the honest commit for the same epoch is accepted.
-    reply = await alice.conn.request(commit=commit())
+    reply = await alice.conn.request(commit())
     alice.group.apply_pending_commit()
     await bob.join(CHANNEL)
     assert carol.conn.welcomes.empty()

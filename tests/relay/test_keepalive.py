@@ -31,7 +31,7 @@ async def test_idle_stream_with_keepalive_pings_survives(stack: Stack, account: 
     try:
         await asyncio.sleep(55)  # five pings without data: the third strike would end it
         assert conn.closed is not None and not conn.closed.done(), conn.closed
-        reply = await conn.request(unsubscribe=pb.Unsubscribe(channel="acme/idle/chan"))
+        reply = await conn.request(pb.Unsubscribe(channel="acme/idle/chan"))
         assert reply.code == 0
     finally:
         await conn.close()

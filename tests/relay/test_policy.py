@@ -70,7 +70,7 @@ async def test_a_rogue_members_commits_are_refused_by_the_relay_and_the_members(
     await bob.next()
     assert alice.group and bob.group and mallory.group
     epoch = alice.group.epoch
-    head = (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
     dave = await member(stack, account, tmp_path, "dave")
     kp_file = tmp_path / "dave.kp"
     kp_file.write_bytes(dave.engine.generate_key_package())
@@ -84,7 +84,7 @@ async def test_a_rogue_members_commits_are_refused_by_the_relay_and_the_members(
     }
     for what, commit in attacks.items():
         reply = await mallory.conn.request(
-            check=False, commit=pb.Commit(channel=CHANNEL, epoch=epoch, commit=commit)
+            pb.Commit(channel=CHANNEL, epoch=epoch, commit=commit), check=False
         )
         assert reply.code == DENIED, (what, reply)
         assert "policy: " in reply.message, (what, reply.message)
@@ -92,7 +92,7 @@ async def test_a_rogue_members_commits_are_refused_by_the_relay_and_the_members(
         for group in (alice.group, bob.group):
             with pytest.raises(PolicyError, match="policy: "):
                 await asyncio.to_thread(group.process, commit)
-    assert (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
     assert alice.group.epoch == bob.group.epoch == epoch
 
     # The channel is not wedged: the owner removes mallory, and the members go on.
@@ -115,7 +115,7 @@ async def test_hostile_group_infos_create_no_channel(
 
     async def create(group_info: bytes) -> pb.Reply:
         return await alice.conn.request(
-            check=False, create=pb.CreateChannel(channel=CHANNEL, group_info=group_info)
+            pb.CreateChannel(channel=CHANNEL, group_info=group_info), check=False
         )
 
     def with_bob(group: Group) -> bytes:
@@ -154,9 +154,9 @@ async def test_a_removed_members_account_loses_every_stream_at_once(
     await bob.join(CHANNEL)
     # Another agent of bob's account reads the channel's (ciphertext) stream.
     watcher = await connect(stack, bobs, b"bob-watcher")
-    await watcher.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=bob.cursor))
+    await watcher.request(pb.Subscribe(channel=CHANNEL, after_seq=bob.cursor))
     witness = await connect(stack, account, b"alice-witness")
-    await witness.request(subscribe=pb.Subscribe(channel=CHANNEL, after_seq=bob.cursor))
+    await witness.request(pb.Subscribe(channel=CHANNEL, after_seq=bob.cursor))
     await alice.send(CHANNEL, "before")
     await bob.next()
     assert bob.received == [b"before"]
@@ -174,11 +174,11 @@ async def test_a_removed_members_account_loses_every_stream_at_once(
                 got.append((await asyncio.wait_for(stream.deliveries.get(), 1)).seq)
         assert max(got, default=seen) <= removal.seq, got
     for frame in (
-        {"subscribe": pb.Subscribe(channel=CHANNEL)},
-        {"publish": pb.Publish(channel=CHANNEL, message=[b"x"])},
+        pb.Subscribe(channel=CHANNEL),
+        pb.Publish(channel=CHANNEL, message=[b"x"]),
     ):
         for conn in (bob.conn, watcher):
-            assert (await conn.request(check=False, **frame)).code == DENIED, frame
+            assert (await conn.request(frame, check=False)).code == DENIED, frame
     await close(alice, bob)
     await watcher.close()
     await witness.close()
@@ -195,11 +195,11 @@ async def test_application_messages_of_a_past_epoch_are_refused(
     epoch = bob.group.epoch
     late = [bob.group.encrypt(b"late 1"), bob.group.encrypt(b"late 2")]
     await alice.commit(CHANNEL, alice.group.self_update())
-    head = (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
-    reply = await bob.conn.request(check=False, publish=pb.Publish(channel=CHANNEL, message=late))
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    reply = await bob.conn.request(pb.Publish(channel=CHANNEL, message=late), check=False)
     assert reply.code == STALE, reply
     assert reply.epoch == epoch + 1
-    assert (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
     await bob.next()  # the commit
     await bob.send(CHANNEL, "in the new epoch")
     await alice.next()

@@ -123,12 +123,10 @@ async def test_relay_killed_and_restarted_loses_nothing(
         forged = bytearray(update.commit)
         forged[-(2 * 33) - 5] ^= 0x55  # in the signature, before the two tags
         refused = await bob.conn.request(
-            check=False, commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=bytes(forged))
+            pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=bytes(forged)), check=False
         )
         assert refused.code != 0, refused
-        await bob.conn.request(
-            commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
-        )
+        await bob.conn.request(pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit))
         bob.group.apply_pending_commit()
         await alice.next()
         assert alice.group.epoch == bob.group.epoch == 2
@@ -189,7 +187,7 @@ async def test_two_relays_share_one_channel_through_redis(
         replies = await asyncio.gather(
             *(
                 m.conn.request(
-                    check=False, commit=pb.Commit(channel=CHANNEL, epoch=c.epoch, commit=c.commit)
+                    pb.Commit(channel=CHANNEL, epoch=c.epoch, commit=c.commit), check=False
                 )
                 for m, c in zip((alice, bob), commits, strict=True)
             )
@@ -213,7 +211,7 @@ async def test_two_relays_share_one_channel_through_redis(
         # Relay B validates against the group as stored, whoever accepted the last commit.
         update = alice.group.self_update()
         reply = await alice.conn.request(
-            commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
+            pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
         )
         alice.group.apply_pending_commit()
         await bob.next()
@@ -269,9 +267,7 @@ async def test_a_redis_primary_failover_loses_nothing_acknowledged(
         # Commits and messages go on through both relays against the promoted replica.
         assert alice.group and bob.group
         update = bob.group.self_update()
-        await bob.conn.request(
-            commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
-        )
+        await bob.conn.request(pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit))
         bob.group.apply_pending_commit()
         await alice.next()
         assert alice.group.epoch == bob.group.epoch

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_client import RelayConnection
+from svc_sdk.relay_client import RelayConnection, Request
 from svc_server.stack import Stack
 
 from .conftest import Account, connect, new_account
@@ -72,9 +71,7 @@ async def test_concurrent_commits_one_wins(stack: Stack, account: Account, tmp_p
     a_commit = alice.group.self_update()
     b_commit = bob.group.self_update()
     frames = [
-        m.conn.request(
-            check=False, commit=pb.Commit(channel=CHANNEL, epoch=c.epoch, commit=c.commit)
-        )
+        m.conn.request(pb.Commit(channel=CHANNEL, epoch=c.epoch, commit=c.commit), check=False)
         for m, c in ((alice, a_commit), (bob, b_commit))
     ]
     replies = await asyncio.gather(*frames)
@@ -89,7 +86,7 @@ async def test_concurrent_commits_one_wins(stack: Stack, account: Account, tmp_p
     await loser.next()  # the winning commit, delivered in order
     retry = loser.group.self_update()  # type: ignore[union-attr]
     reply = await loser.conn.request(
-        commit=pb.Commit(channel=CHANNEL, epoch=retry.epoch, commit=retry.commit)
+        pb.Commit(channel=CHANNEL, epoch=retry.epoch, commit=retry.commit)
     )
     loser.group.apply_pending_commit()  # type: ignore[union-attr]
     assert reply.epoch == 3
@@ -111,19 +108,17 @@ async def test_rejected_commit_welcome_is_never_delivered(
     assert alice.group and bob.group
     # Bob's commit wins; alice's commit (which adds dave) is rejected.
     b_commit = bob.group.self_update()
-    await bob.conn.request(
-        commit=pb.Commit(channel=CHANNEL, epoch=b_commit.epoch, commit=b_commit.commit)
-    )
+    await bob.conn.request(pb.Commit(channel=CHANNEL, epoch=b_commit.epoch, commit=b_commit.commit))
     key_package = dave.engine.generate_key_package()
     pending = alice.group.add_members([key_package])
     rejected = await alice.conn.request(
-        check=False,
-        commit=pb.Commit(
+        pb.Commit(
             channel=CHANNEL,
             epoch=pending.epoch,
             commit=pending.commit,
             welcome=pending.welcome or b"",
         ),
+        check=False,
     )
     assert rejected.code == STALE
     await asyncio.sleep(0.3)
@@ -158,60 +153,58 @@ async def test_other_accounts_are_denied_until_admitted(
     mallory = await member(stack, outsider, tmp_path, "mallory")
     errors = []
     for frame in (
-        {"subscribe": pb.Subscribe(channel=CHANNEL)},
-        {"subscribe": pb.Subscribe(channel="acme/support/nonexistent")},
-        {"publish": pb.Publish(channel=CHANNEL, message=[b"x"])},
-        {"create": pb.CreateChannel(channel=CHANNEL)},
+        pb.Subscribe(channel=CHANNEL),
+        pb.Subscribe(channel="acme/support/nonexistent"),
+        pb.Publish(channel=CHANNEL, message=[b"x"]),
+        pb.CreateChannel(channel=CHANNEL),
     ):
-        reply = await mallory.conn.request(check=False, **frame)
+        reply = await mallory.conn.request(frame, check=False)
         assert reply.code == DENIED, (frame, reply)
         errors.append(reply.message.replace("nonexistent", "triage"))
     assert len(set(errors)) == 1, "an existing channel and a missing one look the same"
     # Adding an agent of another account is what admits that account.
     await alice.add(CHANNEL, mallory)
-    assert (await mallory.conn.request(subscribe=pb.Subscribe(channel=CHANNEL))).code == 0
+    assert (await mallory.conn.request(pb.Subscribe(channel=CHANNEL))).code == 0
     await close(alice, bob, mallory)
 
 
 async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_path: Path) -> None:
     alice, bob = await pair(stack, account, tmp_path)
     assert alice.group
-    cases: list[tuple[dict[str, Any], str]] = [
-        ({"create": pb.CreateChannel(channel="no-slashes")}, "invalid channel name"),
-        ({"subscribe": pb.Subscribe(channel="a/b/c/d")}, "invalid channel name"),
-        ({"publish": pb.Publish(channel=CHANNEL, message=[b"garbage"])}, "malformed MLS message"),
+    cases: list[tuple[Request, str]] = [
+        (pb.CreateChannel(channel="no-slashes"), "invalid channel name"),
+        (pb.Subscribe(channel="a/b/c/d"), "invalid channel name"),
+        (pb.Publish(channel=CHANNEL, message=[b"garbage"]), "malformed MLS message"),
         (
-            {"publish": pb.Publish(channel=CHANNEL, message=[b"x" * (1024 * 1024 + 1)])},
+            pb.Publish(channel=CHANNEL, message=[b"x" * (1024 * 1024 + 1)]),
             "the limit is 1048576",
         ),
         (
-            {"publish": pb.Publish(channel=CHANNEL, message=[alice.group.self_update().commit])},
+            pb.Publish(channel=CHANNEL, message=[alice.group.self_update().commit]),
             "send commits with Commit",
         ),
         (
-            {"commit": pb.Commit(channel=CHANNEL, epoch=1, commit=alice.group.encrypt(b"x"))},
+            pb.Commit(channel=CHANNEL, epoch=1, commit=alice.group.encrypt(b"x")),
             "takes an MLS commit",
         ),
         # A cursor past SQLite's signed 64 bits raised OverflowError in the store: the
         # relay answered UNAVAILABLE ("retry") and kept the half-made subscription.
         # Found by tests/fuzz/test_relay_frames.py.
-        ({"subscribe": pb.Subscribe(channel=CHANNEL, after_seq=2**63)}, "after_seq"),
-        ({"subscribe": pb.Subscribe(channel=CHANNEL, after_seq=2**64 - 1)}, "after_seq"),
+        (pb.Subscribe(channel=CHANNEL, after_seq=2**63), "after_seq"),
+        (pb.Subscribe(channel=CHANNEL, after_seq=2**64 - 1), "after_seq"),
     ]
     # An application message whose (unencrypted, unauthenticated to the relay) epoch is
     # past 2^63-1 failed in the store the same way ("could not store the message; retry").
     message = bytearray(alice.group.encrypt(b"x"))
     at = 4 + 1 + len(CHANNEL)  # MLSMessage header, then the group id, then the epoch
     message[at : at + 8] = b"\xff" * 8
-    cases.append(({"publish": pb.Publish(channel=CHANNEL, message=[bytes(message)])}, "epoch"))
+    cases.append((pb.Publish(channel=CHANNEL, message=[bytes(message)]), "epoch"))
     alice.group.clear_pending_commit()
     other = engine(tmp_path, "zed").create_group(b"other/group/id")
-    cases.append(
-        ({"publish": pb.Publish(channel=CHANNEL, message=[other.encrypt(b"x")])}, "another group")
-    )
+    cases.append((pb.Publish(channel=CHANNEL, message=[other.encrypt(b"x")]), "another group"))
     for frame, message in cases:
-        reply = await alice.conn.request(check=False, **frame)
-        assert reply.code == INVALID and message in reply.message, (frame.keys(), reply)
+        reply = await alice.conn.request(frame, check=False)
+        assert reply.code == INVALID and message in reply.message, (type(frame).__name__, reply)
     # The stream is still fine.
     await alice.send(CHANNEL, "still here")
     await bob.next()
@@ -259,10 +252,10 @@ async def test_many_concurrent_streams(stack: Stack, account: Account, tmp_path:
     conns = [RelayConnection(stack.relay_url, token, f"agent-{i}".encode()) for i in range(200)]
     await asyncio.gather(*(c.open() for c in conns))
     await create_channel(conns[0], (account.api_url, account.key), tmp_path, CHANNEL)
-    await asyncio.gather(*(c.request(subscribe=pb.Subscribe(channel=CHANNEL)) for c in conns[1:]))
+    await asyncio.gather(*(c.request(pb.Subscribe(channel=CHANNEL)) for c in conns[1:]))
     # Raw subscribers: the relay does not decrypt, so any well-framed message will do.
     sender = engine_group_message(stack)
-    await conns[0].request(publish=pb.Publish(channel=CHANNEL, message=[sender]))
+    await conns[0].request(pb.Publish(channel=CHANNEL, message=[sender]))
     got = await asyncio.gather(*(asyncio.wait_for(c.deliveries.get(), 20) for c in conns[1:]))
     assert {d.seq for d in got} == {1} and len(got) == 199
     await asyncio.gather(*(c.close() for c in conns))
@@ -300,11 +293,11 @@ async def test_forged_replayed_and_foreign_handshakes_are_refused_and_the_channe
     alice, bob = await pair(stack, account, tmp_path)
     assert alice.group and bob.group
     epoch = alice.group.epoch
-    head = (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
 
     async def refused(commit: bytes, at: int = epoch) -> pb.Reply:
         reply = await bob.conn.request(
-            check=False, commit=pb.Commit(channel=CHANNEL, epoch=at, commit=commit)
+            pb.Commit(channel=CHANNEL, epoch=at, commit=commit), check=False
         )
         assert reply.code != 0, reply
         return reply
@@ -325,13 +318,11 @@ async def test_forged_replayed_and_foreign_handshakes_are_refused_and_the_channe
     other = carol.group.self_update()
     reply = await refused(other.commit, other.epoch)
     assert reply.code == INVALID, reply
-    assert (await alice.conn.request(create=pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
 
     # A valid commit goes through; replaying it afterwards is refused as stale.
     update = bob.group.self_update()
-    await bob.conn.request(
-        commit=pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
-    )
+    await bob.conn.request(pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit))
     bob.group.apply_pending_commit()
     replay = await refused(update.commit, update.epoch)
     assert replay.code == STALE, replay

@@ -52,7 +52,7 @@ async def round_trips(conn: RelayConnection, seconds: float) -> list[float]:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.perf_counter()
-        await conn.request(unsubscribe=pb.Unsubscribe(channel="isolation/probe/c"), timeout=60)
+        await conn.request(pb.Unsubscribe(channel="isolation/probe/c"), timeout=60)
         times.append((time.perf_counter() - started) * 1000)
     return times
 
