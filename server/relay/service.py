@@ -19,7 +19,7 @@ from svc_sdk.protocol import relay_pb2 as pb
 from ..auth import Claims, InvalidToken
 from ..auth.key_packages import CredentialKeys
 from ..config import Settings
-from ..services.channels import Event
+from ..services.channels import Event, Member
 from .access import Access
 from .groups import Groups, Validated, roster
 from .hub import Hub
@@ -32,6 +32,7 @@ log = logging.getLogger("svc_server.relay")
 SERVICE = "svc.relay.v1.Relay"
 MAX_IDENTITY = 1024
 RECORD_ATTEMPTS = 5  # writes of the roster mirror, backing off 50 ms, 100 ms, …
+RECORD_DRAIN = 10.0  # how long closing waits for roster writes under way
 
 
 def parse_frame(data: bytes) -> pb.ClientFrame | None:
@@ -70,6 +71,10 @@ class Relay:
         self.metrics.lagged.set_function(lambda: self.hub.lagged)
         self.store.set_sink(self._stored)
         self._trimmer: asyncio.Task[None] | None = None
+        # Roster writes for the account API (membership_changed): all under way, and each
+        # channel's newest, which the channel's next write waits for.
+        self._records: set[asyncio.Task[None]] = set()
+        self._recording: dict[str, asyncio.Task[None]] = {}
 
     def _stored(self, entries: Sequence[Entry], welcomes: Sequence[WelcomeEntry]) -> None:
         """Fans newly stored entries out in order. After a handshake, a channel's later
@@ -132,15 +137,51 @@ class Relay:
     async def membership_changed(
         self, channel: str, validated: Validated, events: list[Event]
     ) -> None:
-        """Mirrors an accepted commit's roster and audit events for the account API."""
+        """Mirrors an accepted commit's roster and audit events for the account API and
+        returns once they are written (or given up on). The account API decides invites
+        and access from this mirror, so the write belongs to the relay, not to the stream
+        that committed: it runs to its end when that stream ends meanwhile (a cancelled
+        write would leave a removed member, or an added member's spent redemption, in the
+        mirror for good). A channel's writes run in commit order."""
         group = validated.group
-        # The account API decides invites and access from this mirror: a write that
-        # fails once (a busy database) must not leave a removed member in it.
+        before = self._recording.get(channel)
+        task = asyncio.ensure_future(
+            self._record(
+                before,
+                channel,
+                group.epoch,
+                roster(group),
+                group.roles().members_invite,
+                events,
+            )
+        )
+        self._recording[channel] = task
+        self._records.add(task)
+
+        def done(finished: asyncio.Task[None]) -> None:
+            self._records.discard(finished)
+            if self._recording.get(channel) is finished:
+                del self._recording[channel]
+
+        task.add_done_callback(done)
+        await asyncio.shield(task)
+
+    async def _record(
+        self,
+        before: asyncio.Task[None] | None,
+        channel: str,
+        epoch: int,
+        members: list[Member],
+        members_invite: bool,
+        events: list[Event],
+    ) -> None:
+        if before is not None:
+            await asyncio.wait({before})
+        # A write that fails once (a busy database) must not leave a removed member in
+        # the mirror either.
         for attempt in range(RECORD_ATTEMPTS):
             try:
-                await self.access.record(
-                    channel, group.epoch, roster(group), group.roles().members_invite, events
-                )
+                await self.access.record(channel, epoch, members, members_invite, events)
                 return
             except Exception:
                 if attempt == RECORD_ATTEMPTS - 1:
@@ -156,6 +197,8 @@ class Relay:
     async def close(self) -> None:
         for task in list(self._rechecks):
             task.cancel()
+        if self._records:  # roster writes under way finish before the database goes
+            await asyncio.wait(set(self._records), timeout=RECORD_DRAIN)
         if self._trimmer is not None:
             self._trimmer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -359,10 +359,13 @@ class StreamSession:
                 self.relay.metrics.commit_rejections.inc()
                 raise RequestError(STALE, str(exc), epoch=exc.current_epoch) from None
             groups.accepted(req.channel, v)
+            # Mirrored before the Reply: once a commit that removes an agent is
+            # acknowledged, the account API no longer counts that agent's account in the
+            # channel (it could otherwise still mint an invite, or redeem one, to return).
+            await self.relay.membership_changed(req.channel, v, events(v))
         self.relay.metrics.messages.labels("commit").inc()
         self.relay.metrics.bytes.inc(len(req.commit))
         self.reply(request_id, seq=entry.seq, epoch=entry.epoch + 1)
-        await self.relay.membership_changed(req.channel, v, events(v))
 
     def _joiners(self, req: pb.Commit, v: Validated) -> list[bytes]:
         """Whom the commit's Welcome goes to: the members the validated commit adds. The

@@ -128,9 +128,11 @@ def record(
             elif row.role != m.role:
                 row.role = m.role
     for e in events:
-        if e.kind == "added" and e.subject is not None:
+        if e.kind in ("added", "removed", "left") and e.subject is not None:
             # A redemption is spent once its agent is in: it must not keep the account
-            # admitted after that agent is removed or leaves.
+            # admitted after that agent is removed or leaves. The removal drops it too,
+            # so a removed agent never keeps its account admitted through a redemption
+            # whose "added" record is missing.
             session.execute(
                 delete(JoinRequest).where(
                     JoinRequest.channel == channel,

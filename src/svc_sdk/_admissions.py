@@ -23,6 +23,8 @@ class Admissions:
         self._channel = channel
         self.join_requests: list[tuple[bytes, bytes]] = []
         self.proposals = False
+        # The join request of the add commit being made.
+        self._adding: tuple[bytes, bytes] | None = None
 
     def has_work(self) -> bool:
         """Whether ``do_work`` has commits to make (they need the relay)."""
@@ -37,6 +39,10 @@ class Admissions:
             while self.join_requests and channel._closed is None:
                 if channel._commits.commit(self._next_admission) is None:
                     break
+                # That request is spent: its agent is in. Filtering by the roster alone
+                # would add it again if a removal came in before the next look.
+                spent = self._adding
+                self.join_requests = [r for r in self.join_requests if r != spent]
             if self.proposals and channel._closed is None:
                 channel._commits.commit(self._commit_proposals)
         except SvcError as exc:  # MlsError included
@@ -59,6 +65,7 @@ class Admissions:
         while self.join_requests:
             who, kp = self.join_requests[0]
             try:
+                self._adding = (who, kp)
                 return group.add_members([kp])
             except MlsError as exc:
                 log.warning(

@@ -10,13 +10,18 @@ import contextlib
 import json
 import os
 import subprocess
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.mls import Group, PolicyError
+from svc_server.db.session import transaction
+from svc_server.services import channels
 from svc_server.stack import Stack
 
 from .conftest import Account, connect, new_account
@@ -205,3 +210,63 @@ async def test_application_messages_of_a_past_epoch_are_refused(
     await alice.next()
     assert alice.received == [b"in the new epoch"]
     await close(alice, bob)
+
+
+async def test_a_removal_reaches_the_account_api_when_the_committing_stream_ends(
+    stack: Stack, account: Account, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The account API decides invites and access from the relay's roster mirror: a
+    commit's roster is written even when the stream that sent it ends while the write
+    waits (a slow database), and the commit is acknowledged only once it is written, so a
+    removed member's account is out of the channel for the API when the remover hears of
+    it, and stays out."""
+    alice = await member(stack, account, tmp_path, "alice")
+    bobs = await new_account(stack.api_url, "bob@example.com")
+    bob = await member(stack, bobs, tmp_path, "bob")
+    await alice.create(CHANNEL)
+    await alice.add(CHANNEL, bob)
+    await bob.join(CHANNEL)
+    bob_account = uuid.UUID(bobs.account_id)
+    deadline = time.monotonic() + 10
+    while not await _in_mirror(stack, bob_account):
+        assert time.monotonic() < deadline, "the addition never reached the account API"
+        await asyncio.sleep(0.05)
+
+    relay = stack.relay.relay
+    write = relay.access.record
+    writing, go_on = asyncio.Event(), asyncio.Event()
+
+    async def slow_record(*args: Any, **kwargs: Any) -> None:
+        writing.set()
+        await go_on.wait()
+        await write(*args, **kwargs)
+
+    monkeypatch.setattr(relay.access, "record", slow_record)
+    pending = alice.group.remove_members([bob.member_id])
+    frame = pb.Commit(channel=CHANNEL, epoch=pending.epoch, commit=pending.commit)
+    sent = asyncio.ensure_future(alice.conn.request(check=False, commit=frame))
+    await asyncio.wait_for(writing.wait(), 10)
+    await asyncio.wait({sent}, timeout=1)
+    assert not sent.done(), "the removal was acknowledged before the account API had it"
+    # The remover's stream ends (here: the relay closes it) while the roster is written.
+    for session in list(relay.sessions):
+        if session.member == alice.member_id:
+            session.close(grpc.StatusCode.UNAVAILABLE, "going away")
+    with contextlib.suppress(ConnectionError, asyncio.CancelledError, Exception):
+        await asyncio.wait_for(sent, 10)
+    go_on.set()
+    deadline = time.monotonic() + 10
+    while await _in_mirror(stack, bob_account):
+        assert time.monotonic() < deadline, "the removal never reached the account API"
+        await asyncio.sleep(0.05)
+    await bob.conn.close()
+
+
+async def _in_mirror(stack: Stack, account_id: uuid.UUID) -> bool:
+    """Whether the account API counts the account in CHANNEL (member or redemption)."""
+
+    def check() -> bool:
+        with transaction(stack.services.sessions) as session:
+            return channels.has_access(session, CHANNEL, account_id)
+
+    return await asyncio.to_thread(check)

@@ -197,3 +197,33 @@ def _account_of(http: httpx.Client, key: str) -> uuid.UUID:
     me = http.get("/v1/accounts/me", headers=bearer(key))
     assert me.status_code == 200, me.text
     return uuid.UUID(me.json()["id"])
+
+
+def test_a_removal_ends_the_removed_agents_redemption(
+    api: RunningApi, http: httpx.Client, tmp_path: Any
+) -> None:
+    """A redemption is spent once its agent is in. Its removal drops it too, so the
+    account is out of the channel and cannot mint an invite even when the roster that
+    added the agent was never recorded."""
+    owner = signup(http, "o5@example.com")
+    _register(api, owner["account"]["id"])
+    bob_key = signup(http, "b5@example.com")["api_key"]["key"]
+    token = http.post(
+        "/v1/invites", json={"channel": CHANNEL}, headers=bearer(owner["api_key"]["key"])
+    ).json()["token"]
+    body = {"channel": CHANNEL, "token": token, "key_package": _kp(api, bob_key, tmp_path, "bob")}
+    assert http.post("/v1/invites/redeem", json=body, headers=bearer(bob_key)).status_code == 201
+    bob = _account_of(http, bob_key)
+    alice = channels.Member(uuid.UUID(owner["account"]["id"]), b"owner", "owner")
+    removed = channels.Event("removed", (alice.account_id, b"owner"), (bob, b"bob"))
+    engine = make_engine(api.settings)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            assert channels.has_access(session, CHANNEL, bob)
+            channels.record(session, CHANNEL, 2, [alice], False, [removed])
+        with transaction(make_sessionmaker(engine)) as session:
+            assert not channels.has_access(session, CHANNEL, bob)
+    finally:
+        engine.dispose()
+    refused = http.post("/v1/invites", json={"channel": CHANNEL}, headers=bearer(bob_key))
+    assert refused.status_code == 404, refused.text

@@ -1,0 +1,78 @@
+"""Admissions: a redeemed invite's agent is added once. Its join request is spent when
+the add commit is accepted, so a removal that lands before the admissions look again
+does not bring the agent back with the same key package."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from svc_sdk._admissions import Admissions
+
+BOB = (b"bob", b"bob's key package")
+
+
+class _Roles:
+    def role(self, member: bytes) -> str:
+        return "owner"
+
+
+class _Group:
+    def __init__(self) -> None:
+        self.roster = {b"alice"}
+        self.added: list[bytes] = []
+
+    def roles(self) -> _Roles:
+        return _Roles()
+
+    def members(self) -> list[bytes]:
+        return sorted(self.roster)
+
+    def add_members(self, key_packages: list[bytes]) -> object:
+        self.added += key_packages
+        return object()
+
+
+class _Commits:
+    """Accepts each commit; between two, the owner removes whoever was added (as
+    ``remove_member`` on another thread may)."""
+
+    active = False
+
+    def __init__(self, group: _Group) -> None:
+        self.group = group
+
+    def commit(self, make: Any) -> object | None:
+        if len(self.group.added) >= 3:
+            return None  # enough to tell
+        pending = make()
+        if pending is not None:
+            self.group.roster.add(BOB[0])  # accepted: bob is in
+            self.group.roster.discard(BOB[0])  # and removed at once
+        return pending
+
+
+class _Engine:
+    member_id = b"alice"
+
+
+class _Client:
+    engine = _Engine()
+
+
+class _Channel:
+    name = "acme/tests/admissions"
+    _closed = None
+
+    def __init__(self) -> None:
+        self._group = _Group()
+        self._commits = _Commits(self._group)
+        self._client = _Client()
+
+
+def test_a_removed_agent_is_not_added_again_from_its_spent_join_request() -> None:
+    channel = _Channel()
+    admissions = Admissions(channel)  # type: ignore[arg-type]
+    admissions.join_requests.append(BOB)
+    admissions.do_work()
+    assert channel._group.added == [BOB[1]]
+    assert admissions.join_requests == []
