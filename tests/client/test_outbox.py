@@ -150,11 +150,11 @@ def test_messages_sent_while_a_frame_is_in_flight_leave_together(
         release = threading.Event()
         send_soon = ca.link.send_soon
 
-        def held(timeout: float, pin: int | None = None, **kind: Any) -> Any:
-            future = send_soon(timeout, pin=pin, **kind)
-            if "publish" not in kind:
+        def held(request: Any, *, timeout: float, pin: int | None = None) -> Any:
+            future = send_soon(request, timeout=timeout, pin=pin)
+            if not isinstance(request, pb.Publish):
                 return future
-            frames.append(len(kind["publish"].message))
+            frames.append(len(request.message))
             if len(frames) > 1:
                 return future
             proxy: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()

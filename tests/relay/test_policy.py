@@ -244,7 +244,7 @@ async def test_a_removal_reaches_the_account_api_when_the_committing_stream_ends
     monkeypatch.setattr(relay.access, "record", slow_record)
     pending = alice.group.remove_members([bob.member_id])
     frame = pb.Commit(channel=CHANNEL, epoch=pending.epoch, commit=pending.commit)
-    sent = asyncio.ensure_future(alice.conn.request(check=False, commit=frame))
+    sent = asyncio.ensure_future(alice.conn.request(frame, check=False))
     await asyncio.wait_for(writing.wait(), 10)
     await asyncio.wait({sent}, timeout=1)
     assert not sent.done(), "the removal was acknowledged before the account API had it"
