@@ -16,6 +16,11 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
 def _varint(n: int) -> bytes:
+    # Called per delivery per subscriber (frame lengths): the common sizes take no loop.
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -25,8 +30,9 @@ def _varint(n: int) -> bytes:
 
 
 def encode_item(entry: Entry) -> bytes:
-    """One Delivery, already framed as a ``Deliveries.items`` field (tag 1, length
-    delimited). Encoded once per stored message and shared by every subscriber."""
+    """One Delivery's fields but its subscription, serialized. Encoded once per stored
+    message and shared by every subscriber; :func:`deliveries_frame` frames it with each
+    subscription's :func:`subscription_tail`."""
     body: bytes = pb.Delivery(
         channel=entry.channel,
         seq=entry.seq,
@@ -35,13 +41,25 @@ def encode_item(entry: Entry) -> bytes:
         handshake=entry.handshake,
         epoch=entry.epoch,
     ).SerializeToString()
-    return b"\x0a" + _varint(len(body)) + body
+    return body
 
 
-def deliveries_frame(items: list[bytes]) -> bytes:
-    """A serialized ``ServerFrame{deliveries}`` (field 2) from pre-encoded items."""
-    body = b"".join(items)
-    return b"\x12" + _varint(len(body)) + body
+def subscription_tail(subscription: int) -> bytes:
+    """``Delivery.subscription`` (field 7, varint) as bytes to append to an encoded
+    Delivery: protobuf reads fields in any order. Empty for 0, the default."""
+    return b"\x38" + _varint(subscription) if subscription else b""
+
+
+def deliveries_frame(items: list[tuple[bytes, bytes]]) -> bytes:
+    """A serialized ``ServerFrame{deliveries}`` (field 2) from pre-encoded Deliveries and
+    their subscription tails: each becomes a ``Deliveries.items`` field (tag 1, length
+    delimited). The one join is the only copy of the shared bodies."""
+    pieces: list[bytes] = []
+    add = pieces.extend
+    for body, tail in items:
+        add((b"\x0a", _varint(len(body) + len(tail)), body, tail))
+    joined = b"".join(pieces)
+    return b"\x12" + _varint(len(joined)) + joined
 
 
 class Outbox:
@@ -50,7 +68,7 @@ class Outbox:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._deliveries: deque[tuple[bytes, float]] = deque()
+        self._deliveries: deque[tuple[bytes, bytes, float]] = deque()
         self._controls: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -65,10 +83,11 @@ class Outbox:
         self.closed = True
         self._wake.set()
 
-    def offer(self, item: bytes, stored_at: float) -> bool:
+    def offer(self, item: bytes, tail: bytes, stored_at: float) -> bool:
+        """Queues an :func:`encode_item` body with its :func:`subscription_tail`."""
         if len(self._deliveries) >= self.limit:
             return False
-        self._deliveries.append((item, stored_at))
+        self._deliveries.append((item, tail, stored_at))
         if len(self._deliveries) >= self.limit // 2:
             self._room.clear()
         self._wake.set()
@@ -97,13 +116,13 @@ class Outbox:
         self._controls.clear()
         count, oldest = 0, None
         if self._deliveries:
-            oldest = self._deliveries[0][1]
-            items: list[bytes] = []
+            oldest = self._deliveries[0][2]
+            items: list[tuple[bytes, bytes]] = []
             size = 0
             while self._deliveries and len(items) < MAX_BATCH and size < MAX_BATCH_BYTES:
-                item, _ = self._deliveries.popleft()
+                item, tail, _ = self._deliveries.popleft()
                 size += len(item)
-                items.append(item)
+                items.append((item, tail))
             frames.append(deliveries_frame(items))
             count = len(items)
             if len(self._deliveries) < self.limit // 2:
@@ -115,7 +134,15 @@ class Subscription:
     """One stream's interest in one channel. While it catches up from the log, live
     entries are held back; afterwards each entry is passed on exactly once, in order."""
 
-    def __init__(self, hub: Hub, channel: str, identity: bytes, outbox: Outbox, after: int):
+    def __init__(
+        self,
+        hub: Hub,
+        channel: str,
+        identity: bytes,
+        outbox: Outbox,
+        after: int,
+        subscription: int = 0,
+    ):
         self.hub = hub
         self.channel = channel
         self.identity = identity
@@ -124,6 +151,9 @@ class Subscription:
         self.catching_up = True
         self.held: list[tuple[Entry, bytes]] = []
         self.active = True
+        # The client's number for this subscription, echoed in each of its deliveries.
+        self.subscription = subscription
+        self.tail = subscription_tail(subscription)
 
     def deliver(self, entry: Entry, item: bytes | None = None) -> None:
         if not self.active or entry.seq <= self.last:
@@ -136,7 +166,7 @@ class Subscription:
             # Own application messages are not echoed back. Own commits are: the log is
             # how an agent whose connection dropped before the Reply learns the outcome.
             return
-        if not self.outbox.offer(item or encode_item(entry), entry.stored_at):
+        if not self.outbox.offer(item or encode_item(entry), self.tail, entry.stored_at):
             self.lag()
 
     def offer_live(self, entry: Entry, item: bytes) -> None:
