@@ -237,15 +237,16 @@ def framing_bound(msg: bytes) -> float:
     """µs per delivery for what the relay does per subscriber: append a message's
     pre-encoded Delivery, with the subscription's id, to a 256-item frame (encoding
     happens once per message)."""
-    from svc_server.relay.hub import deliveries_frame, encode_item, subscription_tail
+    from svc_server.relay.hub import deliveries_frame, encode_item, frame_item, subscription_tail
     from svc_server.relay.store import Entry
 
-    item = (encode_item(Entry(CHANNEL, 1, b"sender", False, 1, msg, 0.0)), subscription_tail(1))
+    encoded = encode_item(Entry(CHANNEL, 1, b"sender", False, 1, msg, 0.0))
+    pieces = list(frame_item(encoded, subscription_tail(1)))
     rounds = []
     for _ in range(5):
         start = time.perf_counter()
         for _ in range(200):
-            deliveries_frame([item] * 256)
+            deliveries_frame(pieces * 256)
         rounds.append((time.perf_counter() - start) / (200 * 256) * 1e6)
     return statistics.median(rounds)
 

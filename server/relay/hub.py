@@ -29,10 +29,18 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def encode_item(entry: Entry) -> bytes:
-    """One Delivery's fields but its subscription, serialized. Encoded once per stored
-    message and shared by every subscriber; :func:`deliveries_frame` frames it with each
-    subscription's :func:`subscription_tail`."""
+# The longest subscription tail: field 7's tag and a uint64 varint of up to ten bytes.
+MAX_TAIL = 11
+
+# A Delivery encoded once per stored message and shared by every subscriber: its fields
+# but the subscription, and the ``Deliveries.items`` header (tag 1, length) for each
+# length a subscription's tail can have, so framing it for a subscriber is an index.
+Encoded = tuple[tuple[bytes, ...], bytes]
+
+
+def encode_item(entry: Entry) -> Encoded:
+    """One Delivery's fields but its subscription, with the item headers by tail length
+    (see :data:`Encoded`)."""
     body: bytes = pb.Delivery(
         channel=entry.channel,
         seq=entry.seq,
@@ -41,7 +49,8 @@ def encode_item(entry: Entry) -> bytes:
         handshake=entry.handshake,
         epoch=entry.epoch,
     ).SerializeToString()
-    return body
+    size = len(body)
+    return tuple(b"\x0a" + _varint(size + n) for n in range(MAX_TAIL + 1)), body
 
 
 def subscription_tail(subscription: int) -> bytes:
@@ -50,14 +59,15 @@ def subscription_tail(subscription: int) -> bytes:
     return b"\x38" + _varint(subscription) if subscription else b""
 
 
-def deliveries_frame(items: list[tuple[bytes, bytes]]) -> bytes:
-    """A serialized ``ServerFrame{deliveries}`` (field 2) from pre-encoded Deliveries and
-    their subscription tails: each becomes a ``Deliveries.items`` field (tag 1, length
-    delimited). The one join is the only copy of the shared bodies."""
-    pieces: list[bytes] = []
-    add = pieces.extend
-    for body, tail in items:
-        add((b"\x0a", _varint(len(body) + len(tail)), body, tail))
+def frame_item(item: Encoded, tail: bytes) -> tuple[bytes, bytes, bytes]:
+    """The pieces of one subscriber's ``Deliveries.items`` field: header, body, tail."""
+    heads, body = item
+    return heads[len(tail)], body, tail
+
+
+def deliveries_frame(pieces: list[bytes]) -> bytes:
+    """A serialized ``ServerFrame{deliveries}`` (field 2) from :func:`frame_item` pieces.
+    The one join is the only copy of the shared bodies."""
     joined = b"".join(pieces)
     return b"\x12" + _varint(len(joined)) + joined
 
@@ -68,7 +78,7 @@ class Outbox:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._deliveries: deque[tuple[bytes, bytes, float]] = deque()
+        self._deliveries: deque[tuple[Encoded, bytes, float]] = deque()
         self._controls: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -83,7 +93,7 @@ class Outbox:
         self.closed = True
         self._wake.set()
 
-    def offer(self, item: bytes, tail: bytes, stored_at: float) -> bool:
+    def offer(self, item: Encoded, tail: bytes, stored_at: float) -> bool:
         """Queues an :func:`encode_item` body with its :func:`subscription_tail`."""
         if len(self._deliveries) >= self.limit:
             return False
@@ -117,14 +127,14 @@ class Outbox:
         count, oldest = 0, None
         if self._deliveries:
             oldest = self._deliveries[0][2]
-            items: list[tuple[bytes, bytes]] = []
+            pieces: list[bytes] = []
             size = 0
-            while self._deliveries and len(items) < MAX_BATCH and size < MAX_BATCH_BYTES:
-                item, tail, _ = self._deliveries.popleft()
-                size += len(item)
-                items.append((item, tail))
-            frames.append(deliveries_frame(items))
-            count = len(items)
+            while self._deliveries and count < MAX_BATCH and size < MAX_BATCH_BYTES:
+                (heads, body), tail, _ = self._deliveries.popleft()
+                size += len(body)
+                pieces += (heads[len(tail)], body, tail)  # frame_item, inlined
+                count += 1
+            frames.append(deliveries_frame(pieces))
             if len(self._deliveries) < self.limit // 2:
                 self._room.set()
         return frames, count, oldest
@@ -149,13 +159,13 @@ class Subscription:
         self.outbox = outbox
         self.last = after
         self.catching_up = True
-        self.held: list[tuple[Entry, bytes]] = []
+        self.held: list[tuple[Entry, Encoded]] = []
         self.active = True
         # The client's number for this subscription, echoed in each of its deliveries.
         self.subscription = subscription
         self.tail = subscription_tail(subscription)
 
-    def deliver(self, entry: Entry, item: bytes | None = None) -> None:
+    def deliver(self, entry: Entry, item: Encoded | None = None) -> None:
         if not self.active or entry.seq <= self.last:
             return
         if entry.seq != self.last + 1:
@@ -169,7 +179,7 @@ class Subscription:
         if not self.outbox.offer(item or encode_item(entry), self.tail, entry.stored_at):
             self.lag()
 
-    def offer_live(self, entry: Entry, item: bytes) -> None:
+    def offer_live(self, entry: Entry, item: Encoded) -> None:
         if self.catching_up:
             self.held.append((entry, item))
             if len(self.held) > self.outbox.limit:

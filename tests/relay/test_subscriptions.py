@@ -12,7 +12,7 @@ import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.relay_client import RelayConnection
-from svc_server.relay.hub import deliveries_frame, encode_item, subscription_tail
+from svc_server.relay.hub import deliveries_frame, encode_item, frame_item, subscription_tail
 from svc_server.relay.store import Entry
 from svc_server.stack import Stack
 
@@ -120,11 +120,12 @@ def test_a_frame_decodes_to_the_deliveries_it_was_built_from() -> None:
         Entry(CHANNEL, seq, b"s" * seq, seq % 2 == 0, seq, b"m" * (seq * 100), 0.0)
         for seq in (1, 2, 200)
     ]
-    items = [
-        (encode_item(e), subscription_tail(sub))
+    pieces = [
+        piece
         for e, sub in zip(entries, (0, 5, MAX_U64), strict=True)
+        for piece in frame_item(encode_item(e), subscription_tail(sub))
     ]
-    frame = pb.ServerFrame.FromString(deliveries_frame(items))
+    frame = pb.ServerFrame.FromString(deliveries_frame(pieces))
     got = [
         (d.seq, d.sender, d.handshake, d.epoch, d.message, d.subscription)
         for d in frame.deliveries.items
