@@ -40,10 +40,12 @@ log = logging.getLogger("svc_sdk.channel")
 # The bound on deliveries received but not processed yet (``Channel._raw``): past it the
 # relay link pauses the channel's subscription, and resubscribes after the last seq it
 # handed over once readers took the backlog down to half of both. The relay keeps the
-# messages meanwhile, so a member that sends faster than this agent reads costs the agent
-# at most about this much memory (plus one relay frame, at most 4 MiB, that arrived
-# while over it). 4 MiB is 256 messages of 16 KiB, enough to ride out a pause of
-# ~10-100 ms at full speed; 4,096 small messages take about 2 MiB as Delivery objects.
+# messages meanwhile, so a member that sends faster than this agent reads costs the
+# agent about this much memory at most (plus the one relay frame, up to 256 deliveries
+# and about 4 MiB, that crossed it). 4 MiB is 256 messages of 16 KiB; 4,096 deliveries
+# of a few hundred bytes hold under 2 MiB (measured as RSS). The half left when it
+# resumes keeps a reader busy while the new subscription's first frame comes back (a
+# round trip and a log read), so a reader that is the bottleneck does not wait for it.
 BACKLOG_MESSAGES = 4096
 BACKLOG_BYTES = 4 * 1024 * 1024
 
