@@ -538,8 +538,8 @@ class RelayLink:
                 sub = self._subs.get(item.channel)
                 if sub is None or item.seq <= sub.received:
                     continue  # already handed over before a reconnect
-                if item.subscription != sub.current and item.subscription:
-                    continue  # an earlier subscription's, or paused (0: an older relay)
+                if item.subscription != sub.current and (item.subscription or sub.paused):
+                    continue  # an earlier subscription's, or paused (0: an older relay's)
                 sub.received = item.seq
                 by_channel.setdefault(item.channel, []).append(item)
             for channel, items in by_channel.items():

@@ -13,7 +13,7 @@ import pytest
 from svc_sdk import Channel
 from svc_sdk import channel as channel_module
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_link import RelayLink
+from svc_sdk.relay_link import PAUSED, RelayLink, _Sub
 from svc_sdk.testing import LocalStack
 
 from .helpers import pair
@@ -229,3 +229,42 @@ def test_deliveries_the_old_subscription_had_queued_are_not_taken_for_the_new_on
         assert got == sent
         assert chan_b.next_message(0.3) is None
         assert watch.peak <= 1 + MAX_BATCH
+
+
+class _ListSink:
+    def __init__(self, full_after: int) -> None:
+        self.items: list[tuple[int, int]] = []
+        self.full_after = full_after
+
+    def _deliver(self, items: list[pb.Delivery]) -> bool:
+        self.items += [(d.seq, d.subscription) for d in items]
+        return len(self.items) >= self.full_after
+
+    def _failed(self, error: Exception) -> None:
+        raise AssertionError(error)
+
+
+def test_the_link_takes_only_the_current_subscriptions_deliveries() -> None:
+    """The rule itself, frame by frame (the tests above run it against a real relay)."""
+    link = RelayLink(["127.0.0.1:1"], b"me", tokens=cast(Any, None))
+    sink = _ListSink(full_after=3)
+    link._subs["a/b/c"] = _Sub(sink, received=5, current=3)
+
+    def frame(*items: tuple[int, int]) -> pb.ServerFrame:
+        return pb.ServerFrame(
+            deliveries=pb.Deliveries(
+                items=[pb.Delivery(channel="a/b/c", seq=s, subscription=n) for s, n in items]
+            )
+        )
+
+    # An earlier subscription's, the current one's, one of an older relay (no number),
+    # one already handed over.
+    link._on_frame(frame((6, 2), (6, 3), (7, 0), (7, 3)))
+    assert sink.items == [(6, 3), (7, 0)]
+    link._on_frame(frame((8, 3)))  # the backlog is full now: paused
+    sub = link._subs["a/b/c"]
+    assert sub.paused and sub.current == PAUSED and sub.received == 8
+    link._on_frame(frame((9, 3), (10, 2**64 - 1), (11, 0)))
+    assert sink.items == [(6, 3), (7, 0), (8, 3)]
+    link._on_frame(pb.ServerFrame(lagged=pb.Lagged(channel="a/b/c")))  # stays paused
+    assert sub.paused
