@@ -143,7 +143,9 @@ async def fanout(targets: list[str], token: str, subscribers: int, count: int, m
     ]
     await asyncio.gather(*(s.open() for s in subs))
     head = (await sender.request(pb.CreateChannel(channel=CHANNEL))).head_seq
-    await asyncio.gather(*(s.request(pb.Subscribe(channel=CHANNEL, after_seq=head)) for s in subs))
+    # Numbered like the SDK's: each delivery carries its subscription's id.
+    subscribe = pb.Subscribe(channel=CHANNEL, after_seq=head, subscription=1)
+    await asyncio.gather(*(s.request(subscribe) for s in subs))
     start = time.perf_counter()
     receivers = [asyncio.create_task(drain(s, count)) for s in subs]
     await publish_all(sender, msg, count)
@@ -233,16 +235,18 @@ async def store_bound(messages: int, msg: bytes) -> float:
 
 def framing_bound(msg: bytes) -> float:
     """µs per delivery for what the relay does per subscriber: append a message's
-    pre-encoded Delivery to a 256-item frame (encoding happens once per message)."""
-    from svc_server.relay.hub import deliveries_frame, encode_item
+    pre-encoded Delivery, with the subscription's id, to a 256-item frame (encoding
+    happens once per message)."""
+    from svc_server.relay.hub import deliveries_frame, encode_item, frame_item, subscription_tail
     from svc_server.relay.store import Entry
 
-    item = encode_item(Entry(CHANNEL, 1, b"sender", False, 1, msg, 0.0))
+    encoded = encode_item(Entry(CHANNEL, 1, b"sender", False, 1, msg, 0.0))
+    pieces = list(frame_item(encoded, subscription_tail(1)))
     rounds = []
     for _ in range(5):
         start = time.perf_counter()
         for _ in range(200):
-            deliveries_frame([item] * 256)
+            deliveries_frame(pieces * 256)
         rounds.append((time.perf_counter() - start) / (200 * 256) * 1e6)
     return statistics.median(rounds)
 

@@ -16,6 +16,11 @@ MAX_BATCH_BYTES = 4 * 1024 * 1024
 
 
 def _varint(n: int) -> bytes:
+    # Called per delivery per subscriber (frame lengths): the common sizes take no loop.
+    if n < 0x80:
+        return bytes((n,))
+    if n < 0x4000:
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -24,9 +29,18 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def encode_item(entry: Entry) -> bytes:
-    """One Delivery, already framed as a ``Deliveries.items`` field (tag 1, length
-    delimited). Encoded once per stored message and shared by every subscriber."""
+# The longest subscription tail: field 7's tag and a uint64 varint of up to ten bytes.
+MAX_TAIL = 11
+
+# A Delivery encoded once per stored message and shared by every subscriber: its fields
+# but the subscription, and the ``Deliveries.items`` header (tag 1, length) for each
+# length a subscription's tail can have, so framing it for a subscriber is an index.
+Encoded = tuple[tuple[bytes, ...], bytes]
+
+
+def encode_item(entry: Entry) -> Encoded:
+    """One Delivery's fields but its subscription, with the item headers by tail length
+    (see :data:`Encoded`)."""
     body: bytes = pb.Delivery(
         channel=entry.channel,
         seq=entry.seq,
@@ -35,13 +49,27 @@ def encode_item(entry: Entry) -> bytes:
         handshake=entry.handshake,
         epoch=entry.epoch,
     ).SerializeToString()
-    return b"\x0a" + _varint(len(body)) + body
+    size = len(body)
+    return tuple(b"\x0a" + _varint(size + n) for n in range(MAX_TAIL + 1)), body
 
 
-def deliveries_frame(items: list[bytes]) -> bytes:
-    """A serialized ``ServerFrame{deliveries}`` (field 2) from pre-encoded items."""
-    body = b"".join(items)
-    return b"\x12" + _varint(len(body)) + body
+def subscription_tail(subscription: int) -> bytes:
+    """``Delivery.subscription`` (field 7, varint) as bytes to append to an encoded
+    Delivery: protobuf reads fields in any order. Empty for 0, the default."""
+    return b"\x38" + _varint(subscription) if subscription else b""
+
+
+def frame_item(item: Encoded, tail: bytes) -> tuple[bytes, bytes, bytes]:
+    """The pieces of one subscriber's ``Deliveries.items`` field: header, body, tail."""
+    heads, body = item
+    return heads[len(tail)], body, tail
+
+
+def deliveries_frame(pieces: list[bytes]) -> bytes:
+    """A serialized ``ServerFrame{deliveries}`` (field 2) from :func:`frame_item` pieces.
+    The one join is the only copy of the shared bodies."""
+    joined = b"".join(pieces)
+    return b"\x12" + _varint(len(joined)) + joined
 
 
 class Outbox:
@@ -50,7 +78,7 @@ class Outbox:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._deliveries: deque[tuple[bytes, float]] = deque()
+        self._deliveries: deque[tuple[Encoded, bytes, float]] = deque()
         self._controls: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -65,10 +93,11 @@ class Outbox:
         self.closed = True
         self._wake.set()
 
-    def offer(self, item: bytes, stored_at: float) -> bool:
+    def offer(self, item: Encoded, tail: bytes, stored_at: float) -> bool:
+        """Queues an :func:`encode_item` body with its :func:`subscription_tail`."""
         if len(self._deliveries) >= self.limit:
             return False
-        self._deliveries.append((item, stored_at))
+        self._deliveries.append((item, tail, stored_at))
         if len(self._deliveries) >= self.limit // 2:
             self._room.clear()
         self._wake.set()
@@ -97,15 +126,15 @@ class Outbox:
         self._controls.clear()
         count, oldest = 0, None
         if self._deliveries:
-            oldest = self._deliveries[0][1]
-            items: list[bytes] = []
+            oldest = self._deliveries[0][2]
+            pieces: list[bytes] = []
             size = 0
-            while self._deliveries and len(items) < MAX_BATCH and size < MAX_BATCH_BYTES:
-                item, _ = self._deliveries.popleft()
-                size += len(item)
-                items.append(item)
-            frames.append(deliveries_frame(items))
-            count = len(items)
+            while self._deliveries and count < MAX_BATCH and size < MAX_BATCH_BYTES:
+                (heads, body), tail, _ = self._deliveries.popleft()
+                size += len(body)
+                pieces += (heads[len(tail)], body, tail)  # frame_item, inlined
+                count += 1
+            frames.append(deliveries_frame(pieces))
             if len(self._deliveries) < self.limit // 2:
                 self._room.set()
         return frames, count, oldest
@@ -115,17 +144,28 @@ class Subscription:
     """One stream's interest in one channel. While it catches up from the log, live
     entries are held back; afterwards each entry is passed on exactly once, in order."""
 
-    def __init__(self, hub: Hub, channel: str, identity: bytes, outbox: Outbox, after: int):
+    def __init__(
+        self,
+        hub: Hub,
+        channel: str,
+        identity: bytes,
+        outbox: Outbox,
+        after: int,
+        subscription: int = 0,
+    ):
         self.hub = hub
         self.channel = channel
         self.identity = identity
         self.outbox = outbox
         self.last = after
         self.catching_up = True
-        self.held: list[tuple[Entry, bytes]] = []
+        self.held: list[tuple[Entry, Encoded]] = []
         self.active = True
+        # The client's number for this subscription, echoed in each of its deliveries.
+        self.subscription = subscription
+        self.tail = subscription_tail(subscription)
 
-    def deliver(self, entry: Entry, item: bytes | None = None) -> None:
+    def deliver(self, entry: Entry, item: Encoded | None = None) -> None:
         if not self.active or entry.seq <= self.last:
             return
         if entry.seq != self.last + 1:
@@ -136,10 +176,10 @@ class Subscription:
             # Own application messages are not echoed back. Own commits are: the log is
             # how an agent whose connection dropped before the Reply learns the outcome.
             return
-        if not self.outbox.offer(item or encode_item(entry), entry.stored_at):
+        if not self.outbox.offer(item or encode_item(entry), self.tail, entry.stored_at):
             self.lag()
 
-    def offer_live(self, entry: Entry, item: bytes) -> None:
+    def offer_live(self, entry: Entry, item: Encoded) -> None:
         if self.catching_up:
             self.held.append((entry, item))
             if len(self.held) > self.outbox.limit:

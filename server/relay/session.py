@@ -397,7 +397,9 @@ class StreamSession:
         old = self.subscriptions.pop(req.channel, None)
         if old is not None:
             self._drop(old)
-        sub = Subscription(self.relay.hub, req.channel, self.member, self.outbox, req.after_seq)
+        sub = Subscription(
+            self.relay.hub, req.channel, self.member, self.outbox, req.after_seq, req.subscription
+        )
         if self.relay.hub.add(sub):
             self.relay.store.watch(req.channel, req.after_seq)
         self.subscriptions[req.channel] = sub

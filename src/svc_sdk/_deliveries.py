@@ -82,7 +82,10 @@ class Deliveries:
                 channel._raw.clear()
             else:
                 items = [channel._raw.popleft() for _ in range(limit)]
-            return items
+            resume = channel._took(items)
+        if resume:
+            channel._resume()
+        return items
 
     def drain(self) -> None:
         """Processes every queued delivery. Caller holds ``_lock``."""
@@ -113,6 +116,7 @@ class Deliveries:
                 channel._group.discard_unsaved()
             with channel._cond:
                 channel._raw.extendleft(reversed(rest))
+                channel._raw_bytes += sum(len(item.message) for item in rest)
             detail = str(exc).removeprefix("runtime error: ")
             error = InternalError(
                 f"channel {channel.name!r}: could not store what it received ({detail}); "

@@ -38,6 +38,18 @@ __all__ = ["MAX_PAYLOAD", "Accept", "Channel", "Message", "MessageIterator"]
 
 log = logging.getLogger("svc_sdk.channel")
 
+# The bound on deliveries received but not processed yet (``Channel._raw``): past it the
+# relay link pauses the channel's subscription, and resubscribes after the last seq it
+# handed over once readers took the backlog down to half of both. The relay keeps the
+# messages meanwhile, so a member that sends faster than this agent reads costs the
+# agent about this much memory at most (plus the one relay frame, up to 256 deliveries
+# and about 4 MiB, that crossed it). 4 MiB is 256 messages of 16 KiB; 4,096 deliveries
+# of a few hundred bytes hold under 2 MiB (measured as RSS). The half left when it
+# resumes keeps a reader busy while the new subscription's first frame comes back (a
+# round trip and a log read), so a reader that is the bottleneck does not wait for it.
+BACKLOG_MESSAGES = 4096
+BACKLOG_BYTES = 4 * 1024 * 1024
+
 
 class Channel:
     """An encrypted channel. Obtain one from :class:`SvcClient`::
@@ -67,6 +79,8 @@ class Channel:
         # Guards the queues below; never held while calling the engine or the relay.
         self._cond = threading.Condition()
         self._raw: deque[pb.Delivery] = deque()
+        self._raw_bytes = 0  # the sum of _raw's message sizes
+        self._paused = False  # _raw went over the bound: resume once it is drained
         # The standing faults of storing what was received and what was read (health()).
         self._faults = StorageFaults()
         self._inbox = Inbox(client, name, cursor, inbox, self._faults)
@@ -85,10 +99,40 @@ class Channel:
 
     # -- what the relay link calls (its thread; must not block) -------------------------
 
-    def _deliver(self, items: list[pb.Delivery]) -> None:
+    def _deliver(self, items: list[pb.Delivery]) -> bool:
+        """Queues deliveries; True if the backlog is over its bound (the link pauses)."""
+        size = sum(len(item.message) for item in items)
         with self._cond:
             self._raw.extend(items)
+            self._raw_bytes += size
             self._notify()
+            if len(self._raw) > BACKLOG_MESSAGES or self._raw_bytes > BACKLOG_BYTES:
+                self._paused = True
+                return True
+            return False
+
+    def _took(self, items: list[pb.Delivery]) -> bool:
+        """Accounts for ``items`` taken from ``_raw``; True if that drained a paused
+        backlog enough to resume (the caller calls :meth:`_resume`). Caller holds
+        ``_cond``."""
+        if self._raw:
+            self._raw_bytes -= sum(len(item.message) for item in items)
+        else:
+            self._raw_bytes = 0
+        if (
+            self._paused
+            and len(self._raw) <= BACKLOG_MESSAGES // 2
+            and self._raw_bytes <= BACKLOG_BYTES // 2
+        ):
+            self._paused = False
+            return True
+        return False
+
+    def _resume(self) -> None:
+        """Asks the link for the deliveries after the backlog (not holding ``_cond``)."""
+        link = getattr(self._client, "link", None)
+        if link is not None:
+            link.resume(self.name)
 
     def _notify(self) -> None:
         """Wakes every waiting reader: threads, and tasks on event loops (each woken on

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import os
 import random
@@ -56,7 +57,10 @@ OPTIONS = [
 class Sink(Protocol):
     """Where a channel's deliveries go. Called on the link's thread; must not block."""
 
-    def _deliver(self, items: list[pb.Delivery]) -> None: ...
+    def _deliver(self, items: list[pb.Delivery]) -> bool:
+        """Queues ``items``; True if the sink's backlog is over its bound: the link then
+        pauses the subscription until the sink calls :meth:`RelayLink.resume`."""
+        ...
 
     def _failed(self, error: SvcError) -> None: ...
 
@@ -69,12 +73,21 @@ class TokenSource(Protocol):
     def refresh_due(self) -> float: ...
 
 
+# ``_Sub.current`` while paused: no delivery carries it (subscription ids are uint64).
+PAUSED = -1
+
+
 @dataclass
 class _Sub:
     sink: Sink
     received: int  # the last seq handed to the sink
     head: int = 0  # the relay's newest seq when last (re)subscribed
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    # The id of the last Subscribe sent, or PAUSED. Deliveries of any other subscription
+    # (one replaced by a resubscribe, still queued at the relay or in flight) are
+    # dropped: the current one starts after ``received`` by itself.
+    current: int = 0
+    paused: bool = False
 
 
 _io_lock = threading.Lock()
@@ -113,6 +126,7 @@ class RelayLink:
         self._conn: RelayConnection | None = None
         self._connected: asyncio.Event | None = None
         self._subs: dict[str, _Sub] = {}
+        self._subscription_ids = itertools.count(1)  # Subscribe.subscription, per link
         self._welcomes: dict[str, list[pb.Welcome]] = {}
         self._welcome_waiters: dict[str, list[asyncio.Future[pb.Welcome]]] = {}
         self._closing = False
@@ -485,10 +499,14 @@ class RelayLink:
 
     async def _subscribe(self, sub: _Sub, channel: str) -> None:
         assert self._conn is not None
-        reply = await asyncio.wait_for(
-            await self._conn.send(pb.Subscribe(channel=channel, after_seq=sub.received)),
-            10.0,
-        )
+        if sub.paused:  # resume() subscribes it
+            sub.ready.set()
+            return
+        # The new id and the cursor are taken together, on this loop: from here on only
+        # the new subscription's deliveries count, and it starts right after the cursor.
+        sub.current = next(self._subscription_ids)
+        subscribe = pb.Subscribe(channel=channel, after_seq=sub.received, subscription=sub.current)
+        reply = await asyncio.wait_for(await self._conn.send(subscribe), 10.0)
         if reply.code != 0:
             sub.sink._failed(relay_error(RelayError(reply), channel))
         sub.head = reply.head_seq
@@ -520,12 +538,16 @@ class RelayLink:
                 sub = self._subs.get(item.channel)
                 if sub is None or item.seq <= sub.received:
                     continue  # already handed over before a reconnect
+                if item.subscription != sub.current and (item.subscription or sub.paused):
+                    continue  # an earlier subscription's, or paused (0: an older relay's)
                 sub.received = item.seq
                 by_channel.setdefault(item.channel, []).append(item)
             for channel, items in by_channel.items():
                 sub = self._subs.get(channel)
-                if sub is not None:
-                    sub.sink._deliver(items)
+                # Pausing needs a relay that numbers deliveries: with an older one, what
+                # the old subscription still sends could not be told from the new one's.
+                if sub is not None and sub.sink._deliver(items) and items[-1].subscription:
+                    self._pause(sub, channel)
         elif kind == "welcome":
             w = frame.welcome
             waiters = self._welcome_waiters.get(w.channel)
@@ -538,9 +560,45 @@ class RelayLink:
         elif kind == "lagged":
             channel = frame.lagged.channel
             sub = self._subs.get(channel)
-            if sub is not None and self._conn is not None:
+            if sub is not None and not sub.paused and self._conn is not None:
                 self._loop.create_task(self._resubscribe(sub, channel))
 
     async def _resubscribe(self, sub: _Sub, channel: str) -> None:
         with contextlib.suppress(Exception):
             await self._subscribe(sub, channel)
+
+    # -- a bounded backlog -------------------------------------------------------------
+
+    def _pause(self, sub: _Sub, channel: str) -> None:
+        """The sink's backlog is full: stop the subscription; what still arrives for it
+        is dropped and comes again after :meth:`resume`, from the cursor. (On the loop.)"""
+        if sub.paused:
+            return
+        sub.paused = True
+        sub.current = PAUSED
+        conn = self._conn
+        if conn is not None:
+            # A task, so the Unsubscribe is written before the Subscribe of a later
+            # resume (the connection writes in call order).
+            self._loop.create_task(self._send_unsubscribe(conn, channel))
+
+    @staticmethod
+    async def _send_unsubscribe(conn: RelayConnection, channel: str) -> None:
+        with contextlib.suppress(Exception):
+            await conn.send(pb.Unsubscribe(channel=channel))
+
+    def resume(self, channel: str) -> None:
+        """The sink of ``channel`` drained its backlog: subscribe again after the last
+        seq it was handed, as a new subscription. Any thread; does not block."""
+        if not self._closing:
+            self._loop.call_soon_threadsafe(self._resume, channel)
+
+    def _resume(self, channel: str) -> None:
+        sub = self._subs.get(channel)
+        if sub is None or not sub.paused:
+            return
+        sub.paused = False
+        # Without a connection, the next one subscribes it with the others. (While one
+        # is being set up, both may: the later Subscribe replaces the earlier.)
+        if self._conn is not None:
+            self._loop.create_task(self._resubscribe(sub, channel))

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0brelay.proto\x12\x0csvc.relay.v1\"\xdf\x02\n\x0b\x43lientFrame\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x06\x63reate\x18\x02 \x01(\x0b\x32\x1b.svc.relay.v1.CreateChannelH\x00\x12,\n\tsubscribe\x18\x03 \x01(\x0b\x32\x17.svc.relay.v1.SubscribeH\x00\x12\x30\n\x0bunsubscribe\x18\x04 \x01(\x0b\x32\x19.svc.relay.v1.UnsubscribeH\x00\x12(\n\x07publish\x18\x05 \x01(\x0b\x32\x15.svc.relay.v1.PublishH\x00\x12&\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x14.svc.relay.v1.CommitH\x00\x12(\n\x07refresh\x18\x07 \x01(\x0b\x32\x15.svc.relay.v1.RefreshH\x00\x12)\n\x04join\x18\t \x01(\x0b\x32\x19.svc.relay.v1.JoinRequestH\x00\x42\x06\n\x04kind\"4\n\rCreateChannel\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x12\n\ngroup_info\x18\x02 \x01(\x0c\"/\n\tSubscribe\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\"\x1e\n\x0bUnsubscribe\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\"?\n\x07Publish\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x03(\x0c\x12\x12\n\nmessage_id\x18\x03 \x03(\x0c\"l\n\x06\x43ommit\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x0c\x12\x0f\n\x07welcome\x18\x04 \x01(\x0cJ\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x07joinersR\x0ckey_packages\"\x18\n\x07Refresh\x12\r\n\x05token\x18\x01 \x01(\t\"/\n\x0bJoinRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07join_id\x18\x02 \x01(\t\"\xbd\x01\n\x0bServerFrame\x12$\n\x05reply\x18\x01 \x01(\x0b\x32\x13.svc.relay.v1.ReplyH\x00\x12.\n\ndeliveries\x18\x02 \x01(\x0b\x32\x18.svc.relay.v1.DeliveriesH\x00\x12(\n\x07welcome\x18\x03 \x01(\x0b\x32\x15.svc.relay.v1.WelcomeH\x00\x12&\n\x06lagged\x18\x04 \x01(\x0b\x32\x14.svc.relay.v1.LaggedH\x00\x42\x06\n\x04kind\"h\n\x05Reply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x10\n\x08head_seq\x18\x06 \x01(\x04\"k\n\x08\x44\x65livery\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\x0c\x12\x0e\n\x06sender\x18\x04 \x01(\x0c\x12\x11\n\thandshake\x18\x05 \x01(\x08\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\"3\n\nDeliveries\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.svc.relay.v1.Delivery\"G\n\x07Welcome\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07welcome\x18\x02 \x01(\x0c\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x19\n\x06Lagged\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t2L\n\x05Relay\x12\x43\n\x07\x43onnect\x12\x19.svc.relay.v1.ClientFrame\x1a\x19.svc.relay.v1.ServerFrame(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0brelay.proto\x12\x0csvc.relay.v1\"\xdf\x02\n\x0b\x43lientFrame\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12-\n\x06\x63reate\x18\x02 \x01(\x0b\x32\x1b.svc.relay.v1.CreateChannelH\x00\x12,\n\tsubscribe\x18\x03 \x01(\x0b\x32\x17.svc.relay.v1.SubscribeH\x00\x12\x30\n\x0bunsubscribe\x18\x04 \x01(\x0b\x32\x19.svc.relay.v1.UnsubscribeH\x00\x12(\n\x07publish\x18\x05 \x01(\x0b\x32\x15.svc.relay.v1.PublishH\x00\x12&\n\x06\x63ommit\x18\x06 \x01(\x0b\x32\x14.svc.relay.v1.CommitH\x00\x12(\n\x07refresh\x18\x07 \x01(\x0b\x32\x15.svc.relay.v1.RefreshH\x00\x12)\n\x04join\x18\t \x01(\x0b\x32\x19.svc.relay.v1.JoinRequestH\x00\x42\x06\n\x04kind\"4\n\rCreateChannel\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x12\n\ngroup_info\x18\x02 \x01(\x0c\"E\n\tSubscribe\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x11\n\tafter_seq\x18\x02 \x01(\x04\x12\x14\n\x0csubscription\x18\x03 \x01(\x04\"\x1e\n\x0bUnsubscribe\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\"?\n\x07Publish\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x03(\x0c\x12\x12\n\nmessage_id\x18\x03 \x03(\x0c\"l\n\x06\x43ommit\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x0c\x12\x0f\n\x07welcome\x18\x04 \x01(\x0cJ\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07R\x07joinersR\x0ckey_packages\"\x18\n\x07Refresh\x12\r\n\x05token\x18\x01 \x01(\t\"/\n\x0bJoinRequest\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07join_id\x18\x02 \x01(\t\"\xbd\x01\n\x0bServerFrame\x12$\n\x05reply\x18\x01 \x01(\x0b\x32\x13.svc.relay.v1.ReplyH\x00\x12.\n\ndeliveries\x18\x02 \x01(\x0b\x32\x18.svc.relay.v1.DeliveriesH\x00\x12(\n\x07welcome\x18\x03 \x01(\x0b\x32\x15.svc.relay.v1.WelcomeH\x00\x12&\n\x06lagged\x18\x04 \x01(\x0b\x32\x14.svc.relay.v1.LaggedH\x00\x42\x06\n\x04kind\"h\n\x05Reply\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x10\n\x08head_seq\x18\x06 \x01(\x04\"\x81\x01\n\x08\x44\x65livery\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\x0c\x12\x0e\n\x06sender\x18\x04 \x01(\x0c\x12\x11\n\thandshake\x18\x05 \x01(\x08\x12\r\n\x05\x65poch\x18\x06 \x01(\x04\x12\x14\n\x0csubscription\x18\x07 \x01(\x04\"3\n\nDeliveries\x12%\n\x05items\x18\x01 \x03(\x0b\x32\x16.svc.relay.v1.Delivery\"G\n\x07Welcome\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t\x12\x0f\n\x07welcome\x18\x02 \x01(\x0c\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x04\"\x19\n\x06Lagged\x12\x0f\n\x07\x63hannel\x18\x01 \x01(\t2L\n\x05Relay\x12\x43\n\x07\x43onnect\x12\x19.svc.relay.v1.ClientFrame\x1a\x19.svc.relay.v1.ServerFrame(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,29 +36,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CREATECHANNEL']._serialized_start=383
   _globals['_CREATECHANNEL']._serialized_end=435
   _globals['_SUBSCRIBE']._serialized_start=437
-  _globals['_SUBSCRIBE']._serialized_end=484
-  _globals['_UNSUBSCRIBE']._serialized_start=486
-  _globals['_UNSUBSCRIBE']._serialized_end=516
-  _globals['_PUBLISH']._serialized_start=518
-  _globals['_PUBLISH']._serialized_end=581
-  _globals['_COMMIT']._serialized_start=583
-  _globals['_COMMIT']._serialized_end=691
-  _globals['_REFRESH']._serialized_start=693
-  _globals['_REFRESH']._serialized_end=717
-  _globals['_JOINREQUEST']._serialized_start=719
-  _globals['_JOINREQUEST']._serialized_end=766
-  _globals['_SERVERFRAME']._serialized_start=769
-  _globals['_SERVERFRAME']._serialized_end=958
-  _globals['_REPLY']._serialized_start=960
-  _globals['_REPLY']._serialized_end=1064
-  _globals['_DELIVERY']._serialized_start=1066
-  _globals['_DELIVERY']._serialized_end=1173
-  _globals['_DELIVERIES']._serialized_start=1175
-  _globals['_DELIVERIES']._serialized_end=1226
-  _globals['_WELCOME']._serialized_start=1228
-  _globals['_WELCOME']._serialized_end=1299
-  _globals['_LAGGED']._serialized_start=1301
-  _globals['_LAGGED']._serialized_end=1326
-  _globals['_RELAY']._serialized_start=1328
-  _globals['_RELAY']._serialized_end=1404
+  _globals['_SUBSCRIBE']._serialized_end=506
+  _globals['_UNSUBSCRIBE']._serialized_start=508
+  _globals['_UNSUBSCRIBE']._serialized_end=538
+  _globals['_PUBLISH']._serialized_start=540
+  _globals['_PUBLISH']._serialized_end=603
+  _globals['_COMMIT']._serialized_start=605
+  _globals['_COMMIT']._serialized_end=713
+  _globals['_REFRESH']._serialized_start=715
+  _globals['_REFRESH']._serialized_end=739
+  _globals['_JOINREQUEST']._serialized_start=741
+  _globals['_JOINREQUEST']._serialized_end=788
+  _globals['_SERVERFRAME']._serialized_start=791
+  _globals['_SERVERFRAME']._serialized_end=980
+  _globals['_REPLY']._serialized_start=982
+  _globals['_REPLY']._serialized_end=1086
+  _globals['_DELIVERY']._serialized_start=1089
+  _globals['_DELIVERY']._serialized_end=1218
+  _globals['_DELIVERIES']._serialized_start=1220
+  _globals['_DELIVERIES']._serialized_end=1271
+  _globals['_WELCOME']._serialized_start=1273
+  _globals['_WELCOME']._serialized_end=1344
+  _globals['_LAGGED']._serialized_start=1346
+  _globals['_LAGGED']._serialized_end=1371
+  _globals['_RELAY']._serialized_start=1373
+  _globals['_RELAY']._serialized_end=1449
 # @@protoc_insertion_point(module_scope)

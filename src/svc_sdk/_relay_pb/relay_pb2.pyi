@@ -35,12 +35,14 @@ class CreateChannel(_message.Message):
     def __init__(self, channel: _Optional[str] = ..., group_info: _Optional[bytes] = ...) -> None: ...
 
 class Subscribe(_message.Message):
-    __slots__ = ("channel", "after_seq")
+    __slots__ = ("channel", "after_seq", "subscription")
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     channel: str
     after_seq: int
-    def __init__(self, channel: _Optional[str] = ..., after_seq: _Optional[int] = ...) -> None: ...
+    subscription: int
+    def __init__(self, channel: _Optional[str] = ..., after_seq: _Optional[int] = ..., subscription: _Optional[int] = ...) -> None: ...
 
 class Unsubscribe(_message.Message):
     __slots__ = ("channel",)
@@ -113,20 +115,22 @@ class Reply(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., head_seq: _Optional[int] = ...) -> None: ...
 
 class Delivery(_message.Message):
-    __slots__ = ("channel", "seq", "message", "sender", "handshake", "epoch")
+    __slots__ = ("channel", "seq", "message", "sender", "handshake", "epoch", "subscription")
     CHANNEL_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
     HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTION_FIELD_NUMBER: _ClassVar[int]
     channel: str
     seq: int
     message: bytes
     sender: bytes
     handshake: bool
     epoch: int
-    def __init__(self, channel: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[bytes] = ..., sender: _Optional[bytes] = ..., handshake: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+    subscription: int
+    def __init__(self, channel: _Optional[str] = ..., seq: _Optional[int] = ..., message: _Optional[bytes] = ..., sender: _Optional[bytes] = ..., handshake: _Optional[bool] = ..., epoch: _Optional[int] = ..., subscription: _Optional[int] = ...) -> None: ...
 
 class Deliveries(_message.Message):
     __slots__ = ("items",)

@@ -1,0 +1,136 @@
+"""Subscription ids: each Delivery echoes the id of the Subscribe it belongs to, so a
+client that resubscribes can tell the new subscription's deliveries from what the old
+one still had queued. Each test runs on the SQLite and the Redis logs."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import pytest
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.relay_client import RelayConnection
+from svc_server.relay.hub import deliveries_frame, encode_item, frame_item, subscription_tail
+from svc_server.relay.store import Entry
+from svc_server.stack import Stack
+
+from .conftest import Account, connect
+from .helpers import create_channel
+from .test_relay import CHANNEL, INVALID, engine_group_message
+
+pytestmark = pytest.mark.anyio
+MAX_U64 = 2**64 - 1
+
+
+async def take(conn: RelayConnection, n: int) -> list[tuple[int, int]]:
+    """The next ``n`` deliveries as (seq, subscription)."""
+    got = [await asyncio.wait_for(conn.deliveries.get(), 10) for _ in range(n)]
+    return [(d.seq, d.subscription) for d in got]
+
+
+async def publish(conn: RelayConnection, stack: Stack, n: int) -> None:
+    message = engine_group_message(stack)
+    await conn.request(pb.Publish(channel=CHANNEL, message=[message] * n))
+
+
+async def test_deliveries_echo_the_subscription_id(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    sender = await connect(stack, account, b"sender")
+    await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
+    await publish(sender, stack, 3)
+    reader = await connect(stack, account, b"reader")
+    # Catch-up from the log, then live.
+    await reader.request(pb.Subscribe(channel=CHANNEL, after_seq=0, subscription=7))
+    assert await take(reader, 3) == [(1, 7), (2, 7), (3, 7)]
+    await publish(sender, stack, 2)
+    assert await take(reader, 2) == [(4, 7), (5, 7)]
+    # A resubscribe replaces the subscription; the largest uint64 is an id like any other.
+    await reader.request(pb.Subscribe(channel=CHANNEL, after_seq=3, subscription=MAX_U64))
+    assert await take(reader, 2) == [(4, MAX_U64), (5, MAX_U64)]
+    await publish(sender, stack, 1)
+    assert await take(reader, 1) == [(6, MAX_U64)]
+    # A Subscribe without one (an older client): 0, for catch-up and live deliveries.
+    await reader.request(pb.Subscribe(channel=CHANNEL, after_seq=5))
+    assert await take(reader, 1) == [(6, 0)]
+    await publish(sender, stack, 1)
+    assert await take(reader, 1) == [(7, 0)]
+    await asyncio.sleep(0.1)
+    assert reader.deliveries.empty()
+    await sender.close()
+    await reader.close()
+
+
+async def test_subscribers_of_one_message_get_their_own_ids(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """The shared encoding of a message carries no subscription: each subscriber's
+    deliveries carry its own."""
+    sender = await connect(stack, account, b"sender")
+    await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
+    readers = [await connect(stack, account, f"reader{i}".encode()) for i in range(3)]
+    for i, reader in enumerate(readers):
+        # 0 (none), a one-byte varint, and one of ten bytes.
+        sub = [0, 1, MAX_U64][i]
+        await reader.request(pb.Subscribe(channel=CHANNEL, subscription=sub))
+    await publish(sender, stack, 2)
+    assert await take(readers[0], 2) == [(1, 0), (2, 0)]
+    assert await take(readers[1], 2) == [(1, 1), (2, 1)]
+    assert await take(readers[2], 2) == [(1, MAX_U64), (2, MAX_U64)]
+    for conn in (sender, *readers):
+        await conn.close()
+
+
+async def test_a_subscription_id_out_of_range_is_a_malformed_frame(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """A varint longer than a uint64's ten bytes does not parse; the stream goes on."""
+    sender = await connect(stack, account, b"sender")
+    await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
+    channel = grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://"))
+    call = channel.stream_stream(
+        "/svc.relay.v1.Relay/Connect",
+        request_serializer=lambda b: b,
+        response_deserializer=pb.ServerFrame.FromString,
+    )(
+        metadata=(
+            ("authorization", f"Bearer {await account.token()}"),
+            ("svc-identity", b"raw".hex()),
+        )
+    )
+    subscribe = pb.Subscribe(channel=CHANNEL).SerializeToString() + b"\x18" + b"\xff" * 11 + b"\x01"
+    frame = b"\x08\x01" + b"\x1a" + bytes([len(subscribe)]) + subscribe
+    await call.write(frame)
+    reply = (await asyncio.wait_for(call.read(), 10)).reply
+    assert reply.code == INVALID and "malformed frame" in reply.message
+    ok = pb.Subscribe(channel=CHANNEL, subscription=MAX_U64)
+    await call.write(pb.ClientFrame(request_id=2, subscribe=ok).SerializeToString())
+    assert (await asyncio.wait_for(call.read(), 10)).reply.code == 0
+    await publish(sender, stack, 1)
+    frame = await asyncio.wait_for(call.read(), 10)
+    assert [d.subscription for d in frame.deliveries.items] == [MAX_U64]
+    await channel.close()
+    await sender.close()
+
+
+def test_a_frame_decodes_to_the_deliveries_it_was_built_from() -> None:
+    entries = [
+        Entry(CHANNEL, seq, b"s" * seq, seq % 2 == 0, seq, b"m" * (seq * 100), 0.0)
+        for seq in (1, 2, 200)
+    ]
+    pieces = [
+        piece
+        for e, sub in zip(entries, (0, 5, MAX_U64), strict=True)
+        for piece in frame_item(encode_item(e), subscription_tail(sub))
+    ]
+    frame = pb.ServerFrame.FromString(deliveries_frame(pieces))
+    got = [
+        (d.seq, d.sender, d.handshake, d.epoch, d.message, d.subscription)
+        for d in frame.deliveries.items
+    ]
+    assert got == [
+        (e.seq, e.sender, e.handshake, e.epoch, e.message, sub)
+        for e, sub in zip(entries, (0, 5, MAX_U64), strict=True)
+    ]
