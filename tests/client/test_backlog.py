@@ -65,6 +65,15 @@ def read_slowly(channel: Channel, count: int, pause: float = 0.002) -> list[byte
     return got
 
 
+def send_in_background(channel: Channel, sent: list[bytes], batch: int) -> threading.Thread:
+    """Sends ``sent`` with ``send_batch`` of ``batch`` messages each, from a thread."""
+    sender = threading.Thread(
+        target=lambda: [channel.send_batch(sent[i : i + batch]) for i in range(0, len(sent), batch)]
+    )
+    sender.start()
+    return sender
+
+
 def payloads(start: int, count: int, size: int = 0) -> list[bytes]:
     return [f"m{i}:".encode().ljust(size, b".") for i in range(start, start + count)]
 
@@ -108,10 +117,7 @@ def test_many_pauses_lose_nothing_and_repeat_nothing(
     watch = Watch(chan_b)
     sent = payloads(0, 4000)
     with ca, cb:
-        sender = threading.Thread(
-            target=lambda: [chan_a.send_batch(sent[i : i + 250]) for i in range(0, 4000, 250)]
-        )
-        sender.start()
+        sender = send_in_background(chan_a, sent, batch=250)
         got = read_slowly(chan_b, len(sent), pause=0.005)
         sender.join(60)
         assert got == sent
@@ -167,10 +173,7 @@ def test_lagged_resubscribes_unless_paused(
         watch = Watch(chan_b)
         sent = payloads(0, 3000)
         with ca, cb:
-            sender = threading.Thread(
-                target=lambda: [chan_a.send_batch(sent[i : i + 1000]) for i in range(0, 3000, 1000)]
-            )
-            sender.start()
+            sender = send_in_background(chan_a, sent, batch=1000)
             got = read_slowly(chan_b, len(sent))
             sender.join(60)
             assert got == sent
@@ -213,10 +216,7 @@ def test_deliveries_the_old_subscription_had_queued_are_not_taken_for_the_new_on
     watch = Watch(chan_b)
     sent = payloads(0, 3000)
     with ca, cb:
-        sender = threading.Thread(
-            target=lambda: [chan_a.send_batch(sent[i : i + 1000]) for i in range(0, 3000, 1000)]
-        )
-        sender.start()
+        sender = send_in_background(chan_a, sent, batch=1000)
         got: list[bytes] = []
         while len(got) < len(sent):
             batch = chan_b.next_messages(timeout=10)

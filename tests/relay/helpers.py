@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import grpc
 
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.mls import Engine, Group, PendingCommit
@@ -112,3 +115,15 @@ def engine(root: Path, name: str, api: tuple[str, str] | None = None) -> Engine:
     if api is None:
         return ISSUER.certify(made)
     return certify_with_api(made, *api)
+
+
+def raw_stream(relay_url: str, token: str) -> tuple[grpc.aio.Channel, Any]:
+    """A Connect stream (as agent ``raw``) that writes bytes as given: for frames no client
+    would build. Returns the gRPC channel, to close, and the call."""
+    channel = grpc.aio.insecure_channel(relay_url.removeprefix("http://"))
+    call = channel.stream_stream(
+        "/svc.relay.v1.Relay/Connect",
+        request_serializer=lambda b: b,
+        response_deserializer=pb.ServerFrame.FromString,
+    )(metadata=(("authorization", f"Bearer {token}"), ("svc-identity", b"raw".hex())))
+    return channel, call

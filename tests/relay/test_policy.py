@@ -25,6 +25,7 @@ from svc_server.services import channels
 from svc_server.stack import Stack
 
 from .conftest import Account, connect, new_account
+from .helpers import Member
 from .test_relay import CHANNEL, close, member, pair
 
 pytestmark = pytest.mark.anyio
@@ -63,6 +64,20 @@ def rogue(tool: Path, data_dir: Path, identity: str, attack: str, *args: str) ->
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout
     return done.stdout
+
+
+async def alice_with_bob_of_another_account(
+    stack: Stack, account: Account, tmp_path: Path
+) -> tuple[Member, Account, Member]:
+    """Alice (``account``) creates CHANNEL and adds bob, an agent of a second account,
+    who joins; returns alice, bob's account and bob."""
+    alice = await member(stack, account, tmp_path, "alice")
+    bobs = await new_account(stack.api_url, "bob@example.com")
+    bob = await member(stack, bobs, tmp_path, "bob")
+    await alice.create(CHANNEL)
+    await alice.add(CHANNEL, bob)
+    await bob.join(CHANNEL)
+    return alice, bobs, bob
 
 
 async def test_a_rogue_members_commits_are_refused_by_the_relay_and_the_members(
@@ -151,12 +166,7 @@ async def test_a_removed_members_account_loses_every_stream_at_once(
     """Access follows membership: when bob (another account) is removed, every stream of
     his account stops receiving the channel with the commit that removed him, and the
     account's calls on it are refused."""
-    alice = await member(stack, account, tmp_path, "alice")
-    bobs = await new_account(stack.api_url, "bob@example.com")
-    bob = await member(stack, bobs, tmp_path, "bob")
-    await alice.create(CHANNEL)
-    await alice.add(CHANNEL, bob)
-    await bob.join(CHANNEL)
+    alice, bobs, bob = await alice_with_bob_of_another_account(stack, account, tmp_path)
     # Another agent of bob's account reads the channel's (ciphertext) stream.
     watcher = await connect(stack, bobs, b"bob-watcher")
     await watcher.request(pb.Subscribe(channel=CHANNEL, after_seq=bob.cursor))
@@ -220,12 +230,7 @@ async def test_a_removal_reaches_the_account_api_when_the_committing_stream_ends
     waits (a slow database), and the commit is acknowledged only once it is written, so a
     removed member's account is out of the channel for the API when the remover hears of
     it, and stays out."""
-    alice = await member(stack, account, tmp_path, "alice")
-    bobs = await new_account(stack.api_url, "bob@example.com")
-    bob = await member(stack, bobs, tmp_path, "bob")
-    await alice.create(CHANNEL)
-    await alice.add(CHANNEL, bob)
-    await bob.join(CHANNEL)
+    alice, bobs, bob = await alice_with_bob_of_another_account(stack, account, tmp_path)
     bob_account = uuid.UUID(bobs.account_id)
     deadline = time.monotonic() + 10
     while not await _in_mirror(stack, bob_account):

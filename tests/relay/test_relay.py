@@ -14,7 +14,7 @@ from svc_sdk.relay_client import RelayConnection, Request
 from svc_server.stack import Stack
 
 from .conftest import Account, connect, new_account
-from .helpers import Member, create_channel, engine
+from .helpers import Member, create_channel, engine, raw_stream
 
 pytestmark = pytest.mark.anyio
 CHANNEL = "acme/support/triage"
@@ -213,17 +213,7 @@ async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_p
 
 
 async def test_frames_that_do_not_parse(stack: Stack, account: Account) -> None:
-    channel = grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://"))
-    call = channel.stream_stream(
-        "/svc.relay.v1.Relay/Connect",
-        request_serializer=lambda b: b,
-        response_deserializer=pb.ServerFrame.FromString,
-    )(
-        metadata=(
-            ("authorization", f"Bearer {await account.token()}"),
-            ("svc-identity", b"raw".hex()),
-        )
-    )
+    channel, call = raw_stream(stack.relay_url, await account.token())
     await call.write(b"\xff\xff\xff\xff not protobuf")
     reply = (await call.read()).reply
     assert reply.code == INVALID and "malformed frame" in reply.message

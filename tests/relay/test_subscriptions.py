@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import grpc
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -17,7 +16,7 @@ from svc_server.relay.store import Entry
 from svc_server.stack import Stack
 
 from .conftest import Account, connect
-from .helpers import create_channel
+from .helpers import create_channel, raw_stream
 from .test_relay import CHANNEL, INVALID, engine_group_message
 
 pytestmark = pytest.mark.anyio
@@ -89,17 +88,7 @@ async def test_a_subscription_id_out_of_range_is_a_malformed_frame(
     """A varint longer than a uint64's ten bytes does not parse; the stream goes on."""
     sender = await connect(stack, account, b"sender")
     await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
-    channel = grpc.aio.insecure_channel(stack.relay_url.removeprefix("http://"))
-    call = channel.stream_stream(
-        "/svc.relay.v1.Relay/Connect",
-        request_serializer=lambda b: b,
-        response_deserializer=pb.ServerFrame.FromString,
-    )(
-        metadata=(
-            ("authorization", f"Bearer {await account.token()}"),
-            ("svc-identity", b"raw".hex()),
-        )
-    )
+    channel, call = raw_stream(stack.relay_url, await account.token())
     subscribe = pb.Subscribe(channel=CHANNEL).SerializeToString() + b"\x18" + b"\xff" * 11 + b"\x01"
     frame = b"\x08\x01" + b"\x1a" + bytes([len(subscribe)]) + subscribe
     await call.write(frame)
