@@ -18,7 +18,10 @@ pub mod message;
 pub mod policy;
 pub mod storage;
 pub mod tracker;
+pub mod transport;
 
+#[cfg(feature = "python")]
+mod py_transport;
 #[cfg(feature = "python")]
 mod python;
 

@@ -995,5 +995,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_agent_credential, m)?)?;
     m.add_function(wrap_pyfunction!(verify_credential_request, m)?)?;
     m.add("DEFAULT_CIPHER_SUITE", DEFAULT_CIPHER_SUITE)?;
+    crate::py_transport::register(m)?;
     Ok(())
 }

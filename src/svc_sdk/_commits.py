@@ -11,17 +11,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import grpc
-
 from svc_sdk._native import PendingCommit
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import PolicyError, TransportError, relay_error
-from svc_sdk.relay_client import RelayError
+from svc_sdk.relay_client import Code, RelayError
 
 if TYPE_CHECKING:
     from svc_sdk.channel import Channel
 
-STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+STALE = Code.FAILED_PRECONDITION
 COMMIT_ATTEMPTS = 20
 
 

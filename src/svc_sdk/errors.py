@@ -127,14 +127,12 @@ def relay_error(exc: BaseException, channel: str | None = None) -> SvcError:
     serve it now (its store unavailable, a cursor it no longer holds) or a broken stream
     a TransportError; any other code means the request itself was wrong, an
     InternalError."""
-    import grpc
-
-    from svc_sdk.relay_client import RelayError, code_name
+    from svc_sdk.relay_client import RelayError, StreamError, code_name
 
     if isinstance(exc, RelayError):
         name, message, replied = code_name(exc.code), exc.reply.message, True
-    elif isinstance(exc, grpc.aio.AioRpcError):
-        name, message, replied = exc.code().name, exc.details() or "", False
+    elif isinstance(exc, StreamError):
+        name, message, replied = exc.status.name, exc.details, False
     else:
         return TransportError(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
     if name == "UNAUTHENTICATED":

@@ -33,8 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import grpc
-
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk._waiters import AsyncWaiters
 from svc_sdk.errors import (
@@ -44,7 +42,7 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
-from svc_sdk.relay_client import RelayError
+from svc_sdk.relay_client import Code, RelayError
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -54,8 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("svc_sdk.outbox")
 
-STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
-UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
+STALE = Code.FAILED_PRECONDITION
+UNAVAILABLE = Code.UNAVAILABLE
 #: How many messages, and payload bytes, may wait in one channel's outbox; ``send()``
 #: blocks (up to the client's timeout) while it is full.
 OUTBOX_MESSAGES = 10_000

@@ -2,6 +2,11 @@
 request/reply matching by request_id, and every other frame handed to a callback, or put
 in queues of deliveries and Welcomes for code that drives the protocol by hand.
 
+The stream itself is the native extension's (``svc_sdk._native.RelayStream``: tonic on a
+tokio runtime of its own). Frames cross as encoded protobuf; the loop learns of arrivals
+through the stream's wake fd (``add_reader``) and takes everything that arrived in one
+call, so no Python thread stands between the socket and the loop.
+
 The high-level ``SvcClient`` builds on this; benchmarks and tests use it directly.
 
 A request is one of the messages a ``ClientFrame`` carries (:data:`Request`); every layer
@@ -14,17 +19,20 @@ above passes it on as it is, and :meth:`RelayConnection.send` alone wraps it in 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import enum
 import itertools
+import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
-import grpc
 from google.protobuf import message_factory
 
 from svc_sdk import credentials
+from svc_sdk._native import RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
+
+log = logging.getLogger("svc_sdk.relay")
 
 METHOD = "/svc.relay.v1.Relay/Connect"
 
@@ -69,7 +77,7 @@ def client_frame(request: Request, request_id: int) -> pb.ClientFrame:
 
 
 def target_of(endpoint: str) -> str:
-    """``http://host:port`` or ``host:port`` → ``host:port`` for grpc."""
+    """``http://host:port`` or ``host:port`` → ``host:port``."""
     for scheme in ("http://", "grpc://", "https://", "grpcs://"):
         if endpoint.startswith(scheme):
             return endpoint[len(scheme) :].rstrip("/")
@@ -80,22 +88,51 @@ def is_tls(endpoint: str) -> bool:
     return endpoint.startswith(("https://", "grpcs://"))
 
 
-def open_channel(endpoint: str, options: list[tuple[str, Any]]) -> grpc.aio.Channel:
-    """A gRPC channel to the relay: TLS for ``https://`` (roots from SVC_TLS_CA_FILE, else
-    the system's), plaintext for ``http://`` and bare ``host:port``."""
-    if is_tls(endpoint):
-        ca = credentials.tls_ca_file()
-        roots = Path(ca).read_bytes() if ca else None
-        tls = grpc.ssl_channel_credentials(root_certificates=roots)
-        return grpc.aio.secure_channel(target_of(endpoint), tls, options=options)
-    return grpc.aio.insecure_channel(target_of(endpoint), options=options)
+class Code(enum.IntEnum):
+    """gRPC status codes: a stream's end, and a Reply's ``code``."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
 
 
 def code_name(code: int) -> str:
-    for status in grpc.StatusCode:
-        if status.value[0] == code:
-            return str(status.name)
-    return str(code)
+    try:
+        return Code(code).name
+    except ValueError:
+        return str(code)
+
+
+def open_channel(
+    endpoint: str,
+    *,
+    keepalive: float = 30.0,
+    keepalive_timeout: float = 10.0,
+) -> RelayChannel:
+    """An HTTP/2 connection to the relay, made on first use: TLS for ``https://`` (roots
+    from SVC_TLS_CA_FILE, else the system's), plaintext for ``http://`` and bare
+    ``host:port``. Several :class:`RelayConnection` may share one."""
+    ca = credentials.tls_ca_file() if is_tls(endpoint) else None
+    return RelayChannel(
+        endpoint,
+        Path(ca).read_bytes() if ca else None,
+        keepalive=keepalive,
+        keepalive_timeout=keepalive_timeout,
+    )
 
 
 class RelayError(Exception):
@@ -107,29 +144,38 @@ class RelayError(Exception):
         self.code = reply.code
 
 
+class StreamError(ConnectionError):
+    """The relay refused or ended the stream with a non-OK gRPC status, or the connection
+    under it failed (UNAVAILABLE)."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(f"{code_name(code)}: {details}")
+        self.status = Code(code) if code in Code._value2member_map_ else Code.UNKNOWN
+        self.details = details
+
+
 class RelayConnection:
+    """One relay stream. ``channel`` shares an HTTP/2 connection (:func:`open_channel`)
+    among streams; without one the stream has its own, closed with it."""
+
     def __init__(
         self,
         endpoint: str,
         token: str,
         identity: bytes,
         *,
-        options: list[tuple[str, Any]] | None = None,
-        channel: grpc.aio.Channel | None = None,
+        keepalive: float = 30.0,
+        keepalive_timeout: float = 10.0,
+        channel: RelayChannel | None = None,
         on_frame: Callable[[pb.ServerFrame], None] | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.target = target_of(endpoint)
         self.identity = identity
         self._token = token
-        self._options = options or [
-            ("grpc.keepalive_time_ms", 30_000),
-            ("grpc.keepalive_timeout_ms", 10_000),
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-        ]
+        self._keepalive = (keepalive, keepalive_timeout)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[pb.Reply]] = {}
-        self._write_lock = asyncio.Lock()
         # Every frame but a Reply goes to ``on_frame`` (the client's RelayLink dispatches
         # them itself); without one, deliveries and Welcomes are queued here for tests and
         # benchmarks, and lag notices dropped (nothing of theirs resubscribes).
@@ -138,12 +184,12 @@ class RelayConnection:
             self.welcomes: asyncio.Queue[pb.Welcome] = asyncio.Queue()
             on_frame = self._enqueue
         self._on_frame = on_frame
-        self.closed: asyncio.Future[grpc.RpcError | None] | None = None
-        # A shared channel (several streams over one HTTP/2 connection) stays open on close.
-        self._shared = channel
-        self._channel: grpc.aio.Channel | None = channel
-        self._call: Any = None
-        self._reader: asyncio.Task[None] | None = None
+        #: Set when the stream ends: None for a clean end or a local close, else why.
+        self.closed: asyncio.Future[StreamError | None] | None = None
+        self._channel = channel
+        self._stream: RelayStream | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._opened: asyncio.Future[None] | None = None
 
     async def __aenter__(self) -> RelayConnection:
         await self.open()
@@ -153,57 +199,68 @@ class RelayConnection:
         await self.close()
 
     async def open(self) -> None:
-        self.closed = asyncio.get_running_loop().create_future()
-        if self._shared is None:
-            self._channel = open_channel(self.endpoint, self._options)
-        assert self._channel is not None
-        stream = self._channel.stream_stream(
-            METHOD,
-            request_serializer=pb.ClientFrame.SerializeToString,
-            response_deserializer=pb.ServerFrame.FromString,
+        """Opens the stream and waits until the relay accepts it; StreamError with the
+        relay's status if it refuses (UNAUTHENTICATED for a bad token), or UNAVAILABLE if
+        it cannot be reached."""
+        self._loop = loop = asyncio.get_running_loop()
+        self.closed = loop.create_future()
+        self._opened = loop.create_future()
+        channel = self._channel
+        if channel is None:
+            keepalive, timeout = self._keepalive
+            channel = open_channel(self.endpoint, keepalive=keepalive, keepalive_timeout=timeout)
+        self._stream = stream = RelayStream(
+            channel,
+            [("authorization", f"Bearer {self._token}"), ("svc-identity", self.identity.hex())],
         )
-        self._call = stream(
-            metadata=(
-                ("authorization", f"Bearer {self._token}"),
-                ("svc-identity", self.identity.hex()),
-            )
-        )
-        # The relay sends its initial metadata once it has accepted the stream, and only
-        # a status when it refuses it. Waiting for one or the other before the first
-        # write keeps a refusal's own status (UNAUTHENTICATED for a bad token): a write
-        # racing the refusal fails in gRPC's core and would surface as INTERNAL.
-        await self._call.initial_metadata()
-        if self._call.done():
-            raise grpc.aio.AioRpcError(
-                await self._call.code(),
-                grpc.aio.Metadata(),
-                await self._call.trailing_metadata() or grpc.aio.Metadata(),
-                await self._call.details(),
-            )
-        self._reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        error: grpc.RpcError | None = None
+        loop.add_reader(stream.fileno(), self._readable)
         try:
-            async for frame in self._call:
-                kind = frame.WhichOneof("kind")
-                if kind == "reply":
+            await self._opened
+        except BaseException:
+            await self.close()
+            raise
+
+    def _readable(self) -> None:
+        stream = self._stream
+        if stream is None:
+            return
+        opened, ended, frames = stream.drain()
+        try:
+            for data in frames:
+                frame = pb.ServerFrame.FromString(data)
+                if frame.WhichOneof("kind") == "reply":
                     future = self._pending.pop(frame.reply.request_id, None)
                     if future is not None and not future.done():
                         future.set_result(frame.reply)
                 else:
                     self._on_frame(frame)
-        except grpc.RpcError as exc:
-            error = exc
-        except asyncio.CancelledError:
-            pass  # close() cancelled the reader; pending requests fail below
-        finally:
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(error or ConnectionError("relay stream closed"))
-            self._pending.clear()
-            if self.closed is not None and not self.closed.done():
-                self.closed.set_result(error)
+        except Exception as exc:  # a frame we cannot read or dispatch ends this stream
+            log.warning("relay stream dropped: %s: %s", type(exc).__name__, exc)
+            self._finish(StreamError(Code.INTERNAL, f"unreadable frame: {exc}"))
+            return
+        if ended is not None:
+            # Before open() saw the stream accepted, an end is a refusal: open() raises it.
+            code, details = ended
+            self._finish(StreamError(code, details) if code != Code.OK else None)
+        elif opened and self._opened is not None and not self._opened.done():
+            self._opened.set_result(None)
+
+    def _finish(self, error: StreamError | None) -> None:
+        """The stream is over: stop watching it, fail what waits on it, say why."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            assert self._loop is not None
+            self._loop.remove_reader(stream.fileno())
+            stream.close()
+        failure = error or ConnectionError("relay stream closed")
+        if self._opened is not None and not self._opened.done():
+            self._opened.set_exception(failure)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(failure)
+        self._pending.clear()
+        if self.closed is not None and not self.closed.done():
+            self.closed.set_result(error)
 
     def _enqueue(self, frame: pb.ServerFrame) -> None:
         kind = frame.WhichOneof("kind")
@@ -217,9 +274,9 @@ class RelayConnection:
         """Writes ``request`` in a frame of its own and returns the future of the relay's
         Reply to it, whatever the Reply's code. The one place a request becomes a frame
         (:func:`client_frame`): the layers above (``Channel``, ``SvcClient``, ``RelayLink``)
-        hand the message down as it is. Raises TypeError for a message that is not a
-        request, and what the write raised (grpc's error on a broken stream); the future
-        fails with the stream's error, or ConnectionError, if the stream ends first.
+        hand the message down as it is. Frames leave in call order. Raises TypeError for
+        a message that is not a request, and ConnectionError once the stream has ended;
+        the future fails with the stream's error, or ConnectionError, if it ends first.
 
             >>> replied = await relay.send(pb.Subscribe(channel="acme/ns/svc", after_seq=0))
             >>> reply = await replied  # OK or not: the caller reads reply.code
@@ -227,19 +284,12 @@ class RelayConnection:
             (0, 12)
         """
         request_id = next(self._ids)
+        data = client_frame(request, request_id).SerializeToString()
+        stream = self._stream
+        if stream is None or not stream.write(data):
+            raise ConnectionError("relay stream closed")
         future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        try:
-            # One write at a time, in call order (asyncio.Lock is FIFO): concurrent senders
-            # keep the order in which they asked.
-            async with self._write_lock:
-                await self._call.write(client_frame(request, request_id))
-        except BaseException:
-            # The caller gets the write's error; a future nobody holds must not fail later
-            # ("Future exception was never retrieved" once per lost write).
-            self._pending.pop(request_id, None)
-            future.cancel()
-            raise
         return future
 
     async def request(
@@ -253,11 +303,7 @@ class RelayConnection:
         return reply
 
     async def close(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
-        if self._reader is not None:
-            self._reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader
-        if self._channel is not None and self._shared is None:
-            await self._channel.close()
+        """Cancels the stream (idempotent); requests still waiting fail with
+        ConnectionError."""
+        if self._stream is not None:
+            self._finish(None)

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-import grpc
-
 from svc_sdk import _loop
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import (
@@ -43,15 +41,6 @@ log = logging.getLogger("svc_sdk.relay")
 T = TypeVar("T")
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
-OPTIONS = [
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-    ("grpc.max_send_message_length", 16 * 1024 * 1024),
-    # Reconnecting is ours (with the cursor); grpc's own backoff would only add delay.
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
 
 
 class Sink(Protocol):
@@ -95,9 +84,9 @@ _io: asyncio.AbstractEventLoop | None = None
 
 
 def io_loop() -> asyncio.AbstractEventLoop:
-    """The process's one asyncio loop for relay streams, in a daemon thread. grpc.aio
-    binds its completion queue to a loop: every client shares this one, and it is never
-    closed, so closing one client cannot break another."""
+    """The process's one asyncio loop for relay streams, in a daemon thread: every
+    client shares this one, and it is never closed, so closing one client cannot break
+    another."""
     global _io
     with _io_lock:
         if _io is None:
@@ -231,7 +220,7 @@ class RelayLink:
                     except asyncio.CancelledError:
                         future.set_exception(ChannelClosedError("the client is closed"))
                         raise
-                    except (ConnectionError, grpc.RpcError, asyncio.InvalidStateError):
+                    except (ConnectionError, asyncio.InvalidStateError):
                         self._retry(future, request, deadline)
                         continue
                     except Exception as exc:  # e.g. no connection in time: this send fails
@@ -256,7 +245,7 @@ class RelayLink:
         except asyncio.CancelledError:
             future.set_exception(ChannelClosedError("the client is closed"))
             raise
-        except (ConnectionError, grpc.RpcError, asyncio.InvalidStateError) as exc:
+        except (ConnectionError, asyncio.InvalidStateError) as exc:
             future.set_exception(TransportError(f"relay connection lost: {exc}"))
             return
         replied.add_done_callback(partial(self._replied_pinned, future))
@@ -322,7 +311,7 @@ class RelayLink:
                 # asyncio.timeout, not wait_for: no extra task per request on the hot path.
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     reply = await (await conn.send(request))
-            except (ConnectionError, grpc.RpcError, asyncio.InvalidStateError) as exc:
+            except (ConnectionError, asyncio.InvalidStateError) as exc:
                 if not retry or time.monotonic() >= deadline:
                     raise TransportError(f"relay connection lost: {exc}") from None
                 await self._lost(conn)
@@ -426,9 +415,7 @@ class RelayLink:
             conn: RelayConnection | None = None
             try:
                 token = await asyncio.to_thread(self._tokens.token)
-                conn = RelayConnection(
-                    endpoint, token, self.identity, options=OPTIONS, on_frame=self._on_frame
-                )
+                conn = RelayConnection(endpoint, token, self.identity, on_frame=self._on_frame)
                 await conn.open()
                 # The first Reply proves the stream is up and the token accepted.
                 reply = await asyncio.wait_for(
@@ -455,7 +442,7 @@ class RelayLink:
                 raise
             except SvcError as exc:
                 self._error = exc
-            except (grpc.RpcError, ConnectionError, TimeoutError, RelayError) as exc:
+            except (ConnectionError, TimeoutError, RelayError) as exc:
                 self._error = relay_error(exc)
             except Exception as exc:  # a bug must not stop reconnecting
                 log.exception("relay connection failed")

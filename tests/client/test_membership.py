@@ -7,14 +7,13 @@ import asyncio
 import time
 from typing import Any
 
-import grpc
 import httpx
 import pytest
 
 from svc_sdk import AccessError, ChannelClosedError, InviteError
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.mls import MlsError
-from svc_sdk.relay_client import RelayConnection
+from svc_sdk.relay_client import Code, RelayConnection
 from svc_sdk.testing import LocalStack
 
 from .helpers import client, pair, take
@@ -49,7 +48,7 @@ def test_a_removed_member_cannot_invite_itself_back(
     assert _relay_code(stack, bob_key, ids("bob"), channel_name) == DENIED
 
 
-DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
+DENIED = Code.PERMISSION_DENIED
 
 
 def _relay_code(stack: LocalStack, api_key: str, identity: str, channel: str) -> int:

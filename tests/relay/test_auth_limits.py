@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_client import RelayConnection
+from svc_sdk.relay_client import Code, RelayConnection, StreamError
 from svc_server.stack import Stack, start_stack, stop_stack
 
 from .conftest import Account
@@ -63,12 +63,12 @@ async def open_status(stack: Stack, token: str, identity: bytes = b"x") -> grpc.
     try:
         await conn.open()
         await conn.request(pb.Unsubscribe(channel=CHANNEL), timeout=10)
-    except grpc.aio.AioRpcError as exc:
-        return exc.code()
+    except StreamError as exc:
+        return grpc.StatusCode[exc.status.name]
     except ConnectionError:
         assert conn.closed is not None
         error = await conn.closed
-        return error.code() if error is not None else grpc.StatusCode.OK
+        return grpc.StatusCode[error.status.name] if error is not None else grpc.StatusCode.OK
     finally:
         await conn.close()
     return grpc.StatusCode.OK
@@ -124,8 +124,8 @@ async def test_stream_closes_when_token_expires_and_refresh_extends(
     await conn.request(pb.Unsubscribe(channel=CHANNEL))
     assert conn.closed is not None
     error = await asyncio.wait_for(conn.closed, 10)
-    assert error is not None and error.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert "token expired" in (error.details() or "")
+    assert error is not None and error.status == Code.UNAUTHENTICATED
+    assert "token expired" in error.details
     await conn.close()
 
     refreshed = RelayConnection(

@@ -20,13 +20,13 @@ pytestmark = pytest.mark.anyio
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 async def test_idle_stream_with_keepalive_pings_survives(stack: Stack, account: Account) -> None:
-    options = [
-        ("grpc.keepalive_time_ms", 10_500),  # just above the relay's 10 s minimum
-        ("grpc.keepalive_timeout_ms", 5_000),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-    ]
-    conn = RelayConnection(stack.relay_url, await account.token(), b"idle", options=options)
+    conn = RelayConnection(
+        stack.relay_url,
+        await account.token(),
+        b"idle",
+        keepalive=10.5,  # just above the relay's 10 s minimum
+        keepalive_timeout=5.0,
+    )
     await conn.open()
     try:
         await asyncio.sleep(55)  # five pings without data: the third strike would end it

@@ -1,0 +1,237 @@
+"""The relay stream in the native extension (svc_sdk._native.RelayChannel/RelayStream,
+driven by svc_sdk.relay_client.RelayConnection) against relays that misbehave: a real
+gRPC server on a free loopback port plays each one. Whatever the relay does, the client's
+loop is never blocked, waiting requests fail with a clear error, and the stream ends."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import pytest
+
+from svc_sdk._native import RelayChannel, RelayStream
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.errors import TransportError
+from svc_sdk.relay_client import Code, RelayConnection, StreamError
+
+pytestmark = pytest.mark.anyio
+
+Behaviour = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
+
+
+async def serve(behaviour: Behaviour) -> tuple[grpc.aio.Server, str]:
+    """A relay whose one stream does ``behaviour`` (raw frames in, raw frames out) after
+    accepting the stream, as the relay does, by sending its initial metadata."""
+
+    async def accepted(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        await context.send_initial_metadata(())
+        async for frame in behaviour(frames, context):
+            yield frame
+
+    handler = grpc.stream_stream_rpc_method_handler(accepted)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("svc.relay.v1.Relay", {"Connect": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"http://127.0.0.1:{port}"
+
+
+def reply_to(data: bytes) -> bytes:
+    request = pb.ClientFrame.FromString(data)
+    return pb.ServerFrame(reply=pb.Reply(request_id=request.request_id)).SerializeToString()
+
+
+async def relay_with(behaviour: Behaviour, test: Callable[[str], Awaitable[None]]) -> None:
+    server, url = await serve(behaviour)
+    try:
+        await test(url)
+    finally:
+        await server.stop(None)
+
+
+async def test_a_well_behaved_stream_answers_requests_in_order() -> None:
+    async def echo(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for data in frames:
+            yield reply_to(data)
+
+    async def test(url: str) -> None:
+        async with RelayConnection(url, "token", b"agent") as conn:
+            futures = [await conn.send(pb.Unsubscribe(channel=f"a/b/{i}")) for i in range(200)]
+            replies = await asyncio.gather(*futures)
+            assert [r.request_id for r in replies] == list(range(1, 201))
+            assert conn.closed is not None and not conn.closed.done()
+
+    await relay_with(echo, test)
+
+
+async def test_an_unreadable_frame_ends_the_stream_and_fails_waiting_requests() -> None:
+    async def garbage(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for _ in frames:
+            yield b"\xff\xff\xff"  # not a ServerFrame
+
+    async def test(url: str) -> None:
+        conn = RelayConnection(url, "token", b"agent")
+        await conn.open()
+        with pytest.raises(StreamError, match="unreadable frame"):
+            await conn.request(pb.Unsubscribe(channel="a/b/c"), timeout=10)
+        assert conn.closed is not None
+        error = await conn.closed
+        assert error is not None and error.status == Code.INTERNAL
+        with pytest.raises(ConnectionError):
+            await conn.send(pb.Unsubscribe(channel="a/b/c"))
+        await conn.close()
+
+    await relay_with(garbage, test)
+
+
+async def test_a_frame_over_the_limit_ends_the_stream_without_taking_it() -> None:
+    async def huge(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for _ in frames:
+            yield b"\x00" * (64 * 1024 * 1024 + 1)
+
+    async def test(url: str) -> None:
+        conn = RelayConnection(url, "token", b"agent")
+        await conn.open()
+        with pytest.raises(StreamError) as raised:
+            await conn.request(pb.Unsubscribe(channel="a/b/c"), timeout=30)
+        assert raised.value.status == Code.OUT_OF_RANGE, raised.value
+        await conn.close()
+
+    await relay_with(huge, test)
+
+
+async def test_a_refusal_keeps_the_relays_status() -> None:
+    async def refuse(frames: AsyncIterator[bytes], context: Any) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token expired")
+
+    server = grpc.aio.server()
+    handler = grpc.stream_stream_rpc_method_handler(refuse)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("svc.relay.v1.Relay", {"Connect": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        conn = RelayConnection(f"127.0.0.1:{port}", "token", b"agent")
+        try:  # refused before or after the headers, as the relay's timing has it
+            await conn.open()
+            assert conn.closed is not None
+            error = await asyncio.wait_for(conn.closed, 10)
+        except StreamError as exc:
+            error = exc
+        assert error is not None and error.status == Code.UNAUTHENTICATED
+        assert "token expired" in error.details
+    finally:
+        await server.stop(None)
+
+
+async def test_a_relay_that_stops_reading_never_blocks_the_writer() -> None:
+    """Writes queue in the native stream; h2's flow control holds them there, not the
+    caller's loop."""
+    stop = asyncio.Event()
+
+    async def deaf(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        await stop.wait()
+        return
+        yield b""  # pragma: no cover (makes this an async generator)
+
+    async def test(url: str) -> None:
+        async with RelayConnection(url, "token", b"agent") as conn:
+            payload = [b"x" * 100_000]
+            started = time.monotonic()
+            replies = [  # 10 MB, far past the HTTP/2 windows
+                await conn.send(pb.Publish(channel="a/b/c", message=payload, message_id=[b"1"]))
+                for _ in range(100)
+            ]
+            assert time.monotonic() - started < 5.0
+            assert not any(r.done() for r in replies)
+            stop.set()  # the relay hangs up: nothing was answered
+            outcomes = await asyncio.gather(*replies, return_exceptions=True)
+            assert all(isinstance(o, ConnectionError) for o in outcomes), outcomes[:3]
+
+    await relay_with(deaf, test)
+
+
+async def test_a_relay_that_never_answers_the_handshake_leaves_open_waiting_not_blocked() -> None:
+    with socket.socket() as listener:  # accepts TCP, says nothing
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        conn = RelayConnection(f"127.0.0.1:{port}", "token", b"agent")
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(conn.open(), 1.0)
+        ticker.cancel()
+        assert ticks > 20  # the loop kept running while open() waited
+        await conn.close()
+
+
+async def test_nobody_listening_is_unavailable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    conn = RelayConnection(f"127.0.0.1:{port}", "token", b"agent")
+    with pytest.raises(StreamError) as raised:
+        await conn.open()
+    assert raised.value.status == Code.UNAVAILABLE
+
+
+@pytest.mark.parametrize("endpoint", ["http://", "http://host:1/path", "https://", "host"])
+def test_a_bad_relay_address_is_a_transport_error(endpoint: str) -> None:
+    with pytest.raises(TransportError, match="relay address"):
+        RelayChannel(endpoint)
+
+
+def test_a_ca_file_without_certificates_is_a_transport_error() -> None:
+    with pytest.raises(TransportError, match="TLS roots"):
+        RelayChannel("https://127.0.0.1:1", b"not a certificate")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("svc-identity", "é"), ("bad name", "x"), ("x", "a\nb")]
+)
+def test_metadata_that_is_not_header_text_is_a_value_error(name: str, value: str) -> None:
+    with pytest.raises(ValueError, match="metadata"):
+        RelayStream(RelayChannel("127.0.0.1:1"), [(name, value)])
+
+
+@pytest.mark.parametrize("seconds", [-1.0, float("nan"), float("inf")])
+def test_a_keepalive_that_is_not_a_duration_is_a_value_error(seconds: float) -> None:
+    with pytest.raises(ValueError, match="keepalive"):
+        RelayChannel("127.0.0.1:1", keepalive=seconds)
+
+
+def test_a_closed_stream_refuses_writes_and_says_it_ended() -> None:
+    stream = RelayStream(RelayChannel("127.0.0.1:1"), [])
+    stream.close()
+    assert stream.write(b"frame") is False
+    _, ended, frames = stream.drain()
+    assert ended is not None and frames == []
+
+
+def test_the_client_does_not_import_pythons_grpc() -> None:
+    """grpcio is the relay's; the client's stream is native. Importing grpc costs an
+    agent ~21 MiB of RSS (docs/performance.md)."""
+    code = (
+        "import sys, svc_sdk, svc_sdk.aio, svc_sdk.relay_link, svc_sdk.manager\n"
+        "loaded = sorted(m for m in sys.modules if m == 'grpc' or m.startswith('grpc.'))\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
