@@ -227,3 +227,69 @@ def test_a_removal_ends_the_removed_agents_redemption(
         engine.dispose()
     refused = http.post("/v1/invites", json={"channel": CHANNEL}, headers=bearer(bob_key))
     assert refused.status_code == 404, refused.text
+
+
+def test_an_invite_ends_when_its_account_can_no_longer_invite(
+    api: RunningApi, http: httpx.Client, tmp_path: Any
+) -> None:
+    """An invite is good only while the account that made it may still invite: once the
+    relay's roster shows it demoted (or removed, or the policy no longer lets members
+    invite), its invites no longer redeem (410, invite-expired) and the redemptions made
+    with them no longer admit anyone. Regaining the authority does not revive them."""
+    owner = signup(http, "o6@example.com")
+    _register(api, owner["account"]["id"])
+    alice = channels.Member(uuid.UUID(owner["account"]["id"]), b"owner", "owner")
+    admin_key = signup(http, "a6@example.com")["api_key"]["key"]
+    admin = _account_of(http, admin_key)
+    joiner_key = signup(http, "j6@example.com")["api_key"]["key"]
+    joiner = _account_of(http, joiner_key)
+
+    def roster(epoch: int, role: str, members_invite: bool = False) -> None:
+        engine = make_engine(api.settings)
+        try:
+            with transaction(make_sessionmaker(engine)) as session:
+                mallory = channels.Member(admin, b"mallory", role)
+                channels.record(session, CHANNEL, epoch, [alice, mallory], members_invite, [])
+        finally:
+            engine.dispose()
+
+    def invite() -> str:
+        made = http.post(
+            "/v1/invites", json={"channel": CHANNEL, "max_uses": 5}, headers=bearer(admin_key)
+        )
+        assert made.status_code == 201, made.text
+        token: str = made.json()["token"]
+        return token
+
+    def redeem(token: str, name: str) -> httpx.Response:
+        kp = _kp(api, joiner_key, tmp_path, name)
+        body = {"channel": CHANNEL, "token": token, "key_package": kp}
+        return http.post("/v1/invites/redeem", json=body, headers=bearer(joiner_key))
+
+    def joiner_admitted() -> bool:
+        engine = make_engine(api.settings)
+        try:
+            with transaction(make_sessionmaker(engine)) as session:
+                return channels.has_access(session, CHANNEL, joiner)
+        finally:
+            engine.dispose()
+
+    roster(1, "admin")
+    token = invite()
+    assert redeem(token, "j1").status_code == 201
+    assert joiner_admitted()
+    roster(2, "member")  # the owner demotes mallory
+    refused = redeem(token, "j2")
+    assert refused.status_code == 410, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["type"] == "urn:svc:problem:invite-expired"
+    assert not joiner_admitted(), "a redemption of an ended invite still admits its account"
+    roster(3, "admin")  # promoted again: the ended invite stays ended
+    assert redeem(token, "j3").status_code == 410
+    # A plain member's invite, while the policy lets members invite, ends with the policy.
+    roster(4, "member", members_invite=True)
+    token = invite()
+    assert redeem(token, "j4").status_code == 201
+    roster(5, "member", members_invite=False)
+    assert redeem(token, "j5").status_code == 410
+    assert not joiner_admitted()
