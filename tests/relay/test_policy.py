@@ -6,6 +6,7 @@ channel are refused, nothing is stored, and the channel goes on."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -275,3 +277,97 @@ async def _in_mirror(stack: Stack, account_id: uuid.UUID) -> bool:
             return channels.has_access(session, CHANNEL, account_id)
 
     return await asyncio.to_thread(check)
+
+
+async def _invite(account: Account, max_uses: int = 1) -> str:
+    async with httpx.AsyncClient(base_url=account.api_url) as http:
+        made = await http.post(
+            "/v1/invites",
+            json={"channel": CHANNEL, "max_uses": max_uses},
+            headers={"Authorization": f"Bearer {account.key}"},
+        )
+    assert made.status_code == 201, made.text
+    token: str = made.json()["token"]
+    return token
+
+
+async def _redeem(account: Account, token: str, key_package: bytes) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=account.api_url) as http:
+        return await http.post(
+            "/v1/invites/redeem",
+            json={
+                "channel": CHANNEL,
+                "token": token,
+                "key_package": base64.b64encode(key_package).decode(),
+            },
+            headers={"Authorization": f"Bearer {account.key}"},
+        )
+
+
+async def test_a_removed_admins_invites_let_nobody_in(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """Mallory (another account) was an admin and minted invites. Once the owner removes
+    her, none of them lets anybody in: a token she kept (or handed out) no longer
+    redeems, a join request posted with one before her removal can no longer be added,
+    and the redemption no longer admits its account to the channel."""
+    alice = await member(stack, account, tmp_path, "alice")
+    mallorys = await new_account(stack.api_url, "mallory@example.com")
+    mallory = await member(stack, mallorys, tmp_path, "mallory")
+    await alice.create(CHANNEL)
+    await alice.add(CHANNEL, mallory)
+    await mallory.join(CHANNEL)
+    assert alice.group is not None
+    # Acknowledged once the account API's roster has it: mallory's account may invite.
+    await alice.commit(CHANNEL, alice.group.set_role(mallory.member_id, "admin"))
+    early, kept = await _invite(mallorys), await _invite(mallorys, max_uses=10)
+    eves = await new_account(stack.api_url, "eve@example.com")
+    eve = await member(stack, eves, tmp_path, "eve")
+    eve_kp = eve.engine.generate_key_package()
+    redeemed = await _redeem(eves, early, eve_kp)
+    assert redeemed.status_code == 201, redeemed.text
+    join = pb.JoinRequest(channel=CHANNEL, join_id=redeemed.json()["join_id"])
+    assert (await eve.conn.request(join, check=False)).code == 0
+    # Her redemption admits her account to the channel's (ciphertext) stream meanwhile.
+    await eve.conn.request(pb.Subscribe(channel=CHANNEL))
+    # No admin was online to add eve. Now the owner removes mallory.
+    await alice.commit(CHANNEL, alice.group.remove_members([mallory.member_id]))
+    # Eve's stream stops at once: it does not get what is sent after the removal.
+    after = await alice.send(CHANNEL, "after mallory")
+    got = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            got.append((await asyncio.wait_for(eve.conn.deliveries.get(), 1)).seq)
+    assert got and max(got) < after, got
+
+    # The token mallory kept: neither her account's other agent nor anyone she hands it
+    # to gets in with it.
+    for who, name in ((mallorys, "mallory2"), (eves, "eve2")):
+        late = await member(stack, who, tmp_path, name)
+        refused = await _redeem(who, kept, late.engine.generate_key_package())
+        assert refused.status_code == 410, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["type"] == "urn:svc:problem:invite-expired"
+        await late.conn.close()
+    # Eve's join request, posted while mallory was an admin, is still in the log: an
+    # owner's client that reads it now must not be able to add her with it.
+    pending = alice.group.add_members([eve_kp])
+    reply = await alice.conn.request(
+        pb.Commit(
+            channel=CHANNEL,
+            epoch=pending.epoch,
+            commit=pending.commit,
+            welcome=pending.welcome or b"",
+        ),
+        check=False,
+    )
+    assert reply.code == DENIED, reply
+    assert "invite" in reply.message, reply.message
+    alice.group.clear_pending_commit()
+    # Nor does her redemption keep her account in the channel.
+    assert (await eve.conn.request(join, check=False)).code == DENIED
+    assert (await eve.conn.request(pb.Subscribe(channel=CHANNEL), check=False)).code == DENIED
+    # The channel goes on; the owner still adds whom she chooses, with a fresh key package.
+    fresh = eve.engine.generate_key_package()
+    assert (await alice.commit(CHANNEL, alice.group.add_members([fresh]))).code == 0
+    await close(alice, mallory, eve)
