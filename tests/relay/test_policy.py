@@ -23,6 +23,7 @@ import pytest
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.mls import Group, PolicyError
 from svc_server.db.session import transaction
+from svc_server.relay.groups import pack, unpack
 from svc_server.services import channels
 from svc_server.stack import Stack
 
@@ -371,3 +372,60 @@ async def test_a_removed_admins_invites_let_nobody_in(
     fresh = eve.engine.generate_key_package()
     assert (await alice.commit(CHANNEL, alice.group.add_members([fresh]))).code == 0
     await close(alice, mallory, eve)
+
+
+async def test_a_key_package_the_channel_used_is_refused(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """A key package is for one use (RFC 9420, section 16.8). An admin that replays the
+    key package a removed member joined with would put that member's leaf back without
+    its consent, with no fresh key package: a member that nobody can read for (its
+    agent deleted the private keys when it joined), whose account is back in the channel.
+    The relay refuses the commit as invalid; the member's fresh key package still adds
+    it."""
+    alice = await member(stack, account, tmp_path, "alice")
+    bob = await member(stack, account, tmp_path, "bob")
+    await alice.create(CHANNEL)
+    assert alice.group is not None
+    used = bob.engine.generate_key_package()
+    await alice.commit(CHANNEL, alice.group.add_members([used]))
+    await bob.join(CHANNEL)
+    await alice.commit(CHANNEL, alice.group.remove_members([bob.member_id]))
+    epoch = alice.group.epoch
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    carol = await member(stack, account, tmp_path, "carol")
+    # Alone, and alongside a fresh key package of another agent, with the group loaded
+    # again from the store (another relay process, or a restart).
+    for kps in ([used], [carol.engine.generate_key_package(), used]):
+        stack.relay.relay.groups.evict(CHANNEL)
+        pending = alice.group.add_members(kps)
+        reply = await alice.conn.request(
+            pb.Commit(
+                channel=CHANNEL,
+                epoch=pending.epoch,
+                commit=pending.commit,
+                welcome=pending.welcome or b"",
+            ),
+            check=False,
+        )
+        assert reply.code == INVALID, reply
+        assert "key package" in reply.message and "used" in reply.message, reply.message
+        alice.group.clear_pending_commit()
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    assert alice.group.epoch == epoch
+    # The channel goes on, and bob's fresh key package adds him again.
+    fresh = bob.engine.generate_key_package()
+    assert (await alice.commit(CHANNEL, alice.group.add_members([fresh]))).epoch == epoch + 1
+    await close(alice, bob, carol)
+
+
+async def test_stored_group_states_keep_the_used_key_packages() -> None:
+    tracked = b"\x00\x01tracked group snapshot"
+    used = frozenset({b"\x01" * 32, b"\x02" * 32, b""})
+    assert unpack(pack(tracked, used)) == (tracked, used)
+    assert pack(tracked, used) == pack(tracked, frozenset(sorted(used, reverse=True)))
+    # A state stored before the refs were kept: none used.
+    assert unpack(tracked) == (tracked, frozenset())
+    for cut in (pack(tracked, used)[:20], pack(tracked, used)[:24]):
+        with pytest.raises(ValueError, match="cut short"):
+            unpack(cut)
