@@ -53,7 +53,8 @@ class Validated:
     version: int
     #: What to store: the tracked group's snapshot and the key packages used (``pack``).
     snapshot: bytes
-    #: The KeyPackageRefs of every key package the channel's commits added, this one's too.
+    #: The HPKE init keys of every key package the channel's commits added, this one's
+    #: too.
     used: frozenset[bytes] = frozenset()
 
 
@@ -204,8 +205,10 @@ class Groups:
         assert isinstance(observed, Observed)
         used = found.used
         if observed.added:
-            refs = [ref for _, ref in observed.added]
-            if len(set(refs)) != len(refs) or not used.isdisjoint(refs):
+            # By init key, not KeyPackageRef: a copy of a key package whose signature is
+            # encoded another way (ECDSA's s and n - s both verify) has another ref.
+            keys = observed.added_init_keys
+            if len(set(keys)) != len(keys) or not used.isdisjoint(keys):
                 # A key package is for one use (RFC 9420, section 16.8). Replayed, it would
                 # put back, without its agent's consent, the leaf of a member that was
                 # removed or left, whose private keys its agent deleted when it joined.
@@ -213,7 +216,7 @@ class Groups:
                     "the commit adds a key package that was used in this channel before; "
                     "a key package is for one use: add the agent with a fresh one"
                 )
-            used = used.union(refs)
+            used = used.union(keys)
         snapshot = pack(await asyncio.to_thread(after.snapshot), used)
         return Validated(observed, after, found.group.roles(), found.version, snapshot, used)
 
@@ -222,26 +225,27 @@ class Groups:
         self._put(channel, v.version + 1, v.group, len(v.snapshot), v.used)
 
 
-# A stored group state: this prefix, the number of used KeyPackageRefs (4 bytes, big
-# endian), each ref (a length byte, then the ref), then the tracked group's snapshot.
+# A stored group state: this prefix, the number of used key packages (4 bytes, big
+# endian), the HPKE init key of each (a length byte, then the key), then the tracked
+# group's snapshot.
 # A tracked group's snapshot starts with its protocol version (0x0001), never 0xFF, so a
-# state stored before the refs were kept reads as one with none.
+# state stored before they were kept reads as one with none.
 _PACKED = b"\xff\xffsvc-used-kp\x00"
 
 
 def pack(tracked: bytes, used: frozenset[bytes]) -> bytes:
-    """The state to store for a tracked group's snapshot and the refs of the key packages
-    the channel has used (sorted: the same state packs to the same bytes)."""
+    """The state to store for a tracked group's snapshot and the init keys of the key
+    packages the channel has used (sorted: the same state packs to the same bytes)."""
     parts = [_PACKED, struct.pack(">I", len(used))]
-    for ref in sorted(used):
-        parts += [bytes([len(ref)]), ref]
+    for key in sorted(used):
+        parts += [bytes([len(key)]), key]
     parts.append(tracked)
     return b"".join(parts)
 
 
 def unpack(stored: bytes) -> tuple[bytes, frozenset[bytes]]:
-    """(tracked group snapshot, used KeyPackageRefs) of a stored state; ValueError if it is
-    cut short."""
+    """(tracked group snapshot, init keys of the used key packages) of a stored state;
+    ValueError if it is cut short."""
     if not stored.startswith(_PACKED):
         return stored, frozenset()
     at = len(_PACKED)
@@ -268,7 +272,7 @@ class _Cached:
     group: TrackedGroup
     size: int
     accounts: frozenset[uuid.UUID]
-    #: KeyPackageRefs of the key packages the channel's commits added.
+    #: HPKE init keys of the key packages the channel's commits added.
     used: frozenset[bytes] = frozenset()
 
 

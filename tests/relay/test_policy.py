@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.mls import Group, PolicyError
+from svc_sdk.mls import Engine, Group, PolicyError, inspect
+from svc_sdk.testing import certify_with_api
 from svc_server.db.session import transaction
 from svc_server.relay.groups import pack, unpack
 from svc_server.services import channels
@@ -429,3 +430,67 @@ async def test_stored_group_states_keep_the_used_key_packages() -> None:
     for cut in (pack(tracked, used)[:20], pack(tracked, used)[:24]):
         with pytest.raises(ValueError, match="cut short"):
             unpack(cut)
+
+
+# The order of the P-256 group: an ECDSA signature (r, s) also verifies as (r, n - s).
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def _der_int(value: int) -> bytes:
+    raw = value.to_bytes((value.bit_length() + 8) // 8, "big")  # a leading 0 when needed
+    return b"\x02" + bytes([len(raw)]) + raw
+
+
+def malleated(key_package: bytes) -> bytes:
+    """The same P-256 key package with its signature (its last field: a 2-byte length,
+    then DER ``SEQUENCE {r, s}``) changed from (r, s) to (r, n - s)."""
+    for at in range(len(key_package) - 8, 0, -1):
+        if key_package[at] == 0x30 and key_package[at + 1] + 2 == len(key_package) - at:
+            break
+    der = key_package[at:]
+    r_len = der[3]
+    r = int.from_bytes(der[4 : 4 + r_len], "big")
+    s = int.from_bytes(der[6 + r_len :], "big")
+    body = _der_int(r) + _der_int(P256_ORDER - s)
+    signature = b"\x30" + bytes([len(body)]) + body
+    assert key_package[at - 2] & 0xC0 == 0x40  # a 2-byte MLS varint length
+    return key_package[: at - 2] + (0x4000 | len(signature)).to_bytes(2, "big") + signature
+
+
+async def test_a_used_key_package_under_another_signature_encoding_is_refused(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """In a P-256 channel (suite 2) a used key package can be copied with its ECDSA
+    signature's other valid form: another KeyPackageRef, the same key package. The relay
+    tells key packages apart by their init key."""
+
+    async def p256(name: str) -> Member:
+        made = await asyncio.to_thread(
+            certify_with_api, Engine(tmp_path / name, name.encode(), 2), *api
+        )
+        return Member(name, made, await connect(stack, account, name.encode()))
+
+    api = (account.api_url, account.key)
+    alice, bob = await p256("alice"), await p256("bob")
+    await alice.create(CHANNEL)
+    assert alice.group is not None and alice.group.cipher_suite == 2
+    used = bob.engine.generate_key_package()
+    await alice.commit(CHANNEL, alice.group.add_members([used]))
+    await bob.join(CHANNEL)
+    await alice.commit(CHANNEL, alice.group.remove_members([bob.member_id]))
+    copy = malleated(used)
+    assert inspect(copy).key_package_ref != inspect(used).key_package_ref
+    pending = alice.group.add_members([copy])  # a valid key package to the engine
+    reply = await alice.conn.request(
+        pb.Commit(
+            channel=CHANNEL,
+            epoch=pending.epoch,
+            commit=pending.commit,
+            welcome=pending.welcome or b"",
+        ),
+        check=False,
+    )
+    assert reply.code == INVALID, reply
+    assert "used in this channel before" in reply.message, reply.message
+    alice.group.clear_pending_commit()
+    await close(alice, bob)
