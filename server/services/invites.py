@@ -173,9 +173,9 @@ def dead_admissions(
 ) -> list[tuple[uuid.UUID, bytes]]:
     """The agents, of ``added`` (account, identity, KeyPackageRef) that a commit adds,
     whose key package is one they posted with an invite that is no longer valid (expired,
-    or ended when its account lost the authority to invite). Such a join request stays
-    in the channel's log, where an admin's client may still read it: the relay refuses
-    the commit that would add it."""
+    or ended when its account lost the authority to invite), and with no invite that
+    still is. Such a join request stays in the channel's log, where an admin's client may
+    still read it: the relay refuses the commit that would add it."""
     dead = []
     for account_id, identity, ref in added:
         rows = session.execute(
@@ -187,10 +187,9 @@ def dead_admissions(
                 JoinRequest.identity == identity,
             )
         ).all()
-        for key_package, expires_at in rows:
-            if expires_at <= now and _ref(bytes(key_package)) == ref:
-                dead.append((account_id, identity))
-                break
+        good = [expires_at > now for kp, expires_at in rows if _ref(bytes(kp)) == ref]
+        if good and not any(good):
+            dead.append((account_id, identity))
     return dead
 
 
