@@ -951,6 +951,15 @@ impl PyObserved {
         }
     }
 
+    /// The HPKE init key of each key package a commit adds, in the order of ``added``.
+    #[getter]
+    fn added_init_keys<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        match &self.0 {
+            Observed::Commit(c) => c.added_init_keys.iter().map(|k| bytes(py, k)).collect(),
+            Observed::Leave { .. } => Vec::new(),
+        }
+    }
+
     #[getter]
     fn removed<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
         match &self.0 {

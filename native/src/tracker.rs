@@ -47,6 +47,10 @@ pub struct CommitEvent {
     pub committer: Vec<u8>,
     /// Added members: (member id, the KeyPackageRef a Welcome names them by).
     pub added: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The HPKE init key of each added key package, in the order of `added`: what makes a
+    /// key package single-use. Unlike its KeyPackageRef, a copy with a re-encoded
+    /// signature (ECDSA's `s` and `n - s`) has the same one.
+    pub added_init_keys: Vec<Vec<u8>>,
     /// Members removed by another member.
     pub removed: Vec<Vec<u8>>,
     /// Members removed by their own proposal (they left).
@@ -206,6 +210,7 @@ impl TrackedGroup {
                             event
                                 .added
                                 .push((member_id_of(&kp.signing_identity().credential), reference.to_vec()));
+                            event.added_init_keys.push(kp.hpke_init_key.as_ref().to_vec());
                         }
                         Proposal::Remove(rm) => {
                             let who = before.member_at(rm.to_remove());

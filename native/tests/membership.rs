@@ -87,7 +87,7 @@ fn the_tracker_follows_adds_and_knows_the_welcome_recipients() {
 
     let kp = b.engine.generate_key_package().unwrap();
     let reference = _native::inspect(&kp).unwrap().key_package.unwrap().reference.unwrap();
-    let pending = g.add_members(&[kp]).unwrap();
+    let pending = g.add_members(std::slice::from_ref(&kp)).unwrap();
     g.apply_pending_commit().unwrap();
     let Observed::Commit(event) = tracked.process(&pending.commit).unwrap() else {
         panic!("expected a commit");
@@ -95,6 +95,13 @@ fn the_tracker_follows_adds_and_knows_the_welcome_recipients() {
     assert!(event.removed.is_empty() && event.left.is_empty() && !event.roles_changed);
     assert_eq!((event.epoch, event.committer.clone()), (1, mid("alice")));
     assert_eq!(event.added, vec![(mid("bob"), reference.clone())]);
+    // The key package's HPKE init key (X25519 in suite 1), what the relay keeps so that
+    // no key package is added twice.
+    let [init_key] = event.added_init_keys.as_slice() else {
+        panic!("one init key per added key package");
+    };
+    assert_eq!(init_key.len(), 32);
+    assert!(kp.windows(32).any(|w| w == init_key.as_slice()));
     let welcome_refs = _native::inspect(pending.welcome.as_ref().unwrap())
         .unwrap()
         .welcome_refs;

@@ -38,14 +38,16 @@ class Access:
         members: Sequence[channels.Member],
         members_invite: bool,
         events: Sequence[channels.Event],
-    ) -> None:
-        """Mirrors the channel's roster after an accepted commit, and its audit events."""
+    ) -> int:
+        """Mirrors the channel's roster after an accepted commit, and its audit events;
+        returns how many invites ended with it (accounts that lost the authority to
+        invite)."""
 
-        def record() -> None:
+        def record() -> int:
             with transaction(self._sessions) as session:
-                channels.record(session, channel, epoch, members, members_invite, events)
+                return channels.record(session, channel, epoch, members, members_invite, events)
 
-        await asyncio.to_thread(record)
+        return await asyncio.to_thread(record)
 
     async def join_request(
         self, join_id: uuid.UUID, channel: str, account_id: uuid.UUID
@@ -53,5 +55,17 @@ class Access:
         def load() -> tuple[bytes, bytes] | None:
             with transaction(self._sessions) as session:
                 return invites.pending_key_package(session, join_id, channel, account_id, utcnow())
+
+        return await asyncio.to_thread(load)
+
+    async def dead_admissions(
+        self, channel: str, added: Sequence[tuple[uuid.UUID, bytes, bytes]]
+    ) -> list[tuple[uuid.UUID, bytes]]:
+        """Of the agents a commit adds (account, identity, KeyPackageRef), those whose key
+        package came with an invite that is no longer valid."""
+
+        def load() -> list[tuple[uuid.UUID, bytes]]:
+            with transaction(self._sessions) as session:
+                return invites.dead_admissions(session, channel, added, utcnow())
 
         return await asyncio.to_thread(load)

@@ -3,8 +3,9 @@ external client, through ``svc_sdk.protocol.GroupTracker``), stored with the cha
 cached in memory.
 
 Every commit and proposal is validated against the channel's group before it is stored
-(signature, sender, epoch, update path, credentials, the roles policy); the new state is
-stored in the same atomic step as the commit, only if the state it was validated against
+(signature, sender, epoch, update path, credentials, the roles policy, and that no key
+package it adds was used in the channel before); the new state is stored in the same
+atomic step as the commit, only if the state it was validated against
 is still the stored one (a version number), so two relay processes never both advance a
 channel. Loaded groups are kept in a least-recently-used cache bounded in bytes (the
 size of their snapshots).
@@ -13,6 +14,7 @@ size of their snapshots).
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -49,7 +51,11 @@ class Validated:
     roles_before: Roles
     #: The stored version the message was validated against.
     version: int
+    #: What to store: the tracked group's snapshot and the key packages used (``pack``).
     snapshot: bytes
+    #: The HPKE init keys of every key package the channel's commits added, this one's
+    #: too.
+    used: frozenset[bytes] = frozenset()
 
 
 def split(member_id: bytes) -> tuple[uuid.UUID, bytes]:
@@ -74,10 +80,17 @@ class Groups:
         """(groups, bytes) held in memory."""
         return len(self._cache), self._bytes
 
-    def _put(self, channel: str, version: int, group: TrackedGroup, size: int) -> _Cached:
+    def _put(
+        self,
+        channel: str,
+        version: int,
+        group: TrackedGroup,
+        size: int,
+        used: frozenset[bytes] = frozenset(),
+    ) -> _Cached:
         self.evict(channel)
         accounts = frozenset(uuid.UUID(bytes=m[:16]) for m, _ in group.members())
-        entry = _Cached(version, group, size, accounts)
+        entry = _Cached(version, group, size, accounts, used)
         if size > self._cache_bytes:
             return entry
         self._cache[channel] = entry
@@ -140,7 +153,7 @@ class Groups:
 
     async def create(self, channel: str, group: TrackedGroup) -> bool:
         """Stores a new channel's group; False if the channel has one already."""
-        snapshot = await asyncio.to_thread(group.snapshot)
+        snapshot = pack(await asyncio.to_thread(group.snapshot), frozenset())
         if not await self._store.create_group(channel, snapshot):
             return False
         self._put(channel, 1, group, len(snapshot))
@@ -161,10 +174,11 @@ class Groups:
             return None
         version, snapshot = stored
         try:
-            group = await asyncio.to_thread(self._tracker.load, snapshot)
-        except MlsError as exc:
+            tracked, used = unpack(snapshot)
+            group = await asyncio.to_thread(self._tracker.load, tracked)
+        except (MlsError, ValueError) as exc:
             raise Invalid(f"stored group state of {channel!r} is unreadable: {exc}") from None
-        return self._put(channel, version, group, len(snapshot))
+        return self._put(channel, version, group, len(snapshot), used)
 
     async def accounts(self, channel: str) -> frozenset[uuid.UUID]:
         """The accounts with a member in the channel's tracked group: who may use it."""
@@ -189,12 +203,63 @@ class Groups:
         after = found.group.copy()
         observed = await self._with_anchors(after.process, message)
         assert isinstance(observed, Observed)
-        snapshot = await asyncio.to_thread(after.snapshot)
-        return Validated(observed, after, found.group.roles(), found.version, snapshot)
+        used = found.used
+        if observed.added:
+            # By init key, not KeyPackageRef: a copy of a key package whose signature is
+            # encoded another way (ECDSA's s and n - s both verify) has another ref.
+            keys = observed.added_init_keys
+            if len(set(keys)) != len(keys) or not used.isdisjoint(keys):
+                # A key package is for one use (RFC 9420, section 16.8). Replayed, it would
+                # put back, without its agent's consent, the leaf of a member that was
+                # removed or left, whose private keys its agent deleted when it joined.
+                raise Invalid(
+                    "the commit adds a key package that was used in this channel before; "
+                    "a key package is for one use: add the agent with a fresh one"
+                )
+            used = used.union(keys)
+        snapshot = pack(await asyncio.to_thread(after.snapshot), used)
+        return Validated(observed, after, found.group.roles(), found.version, snapshot, used)
 
     def accepted(self, channel: str, v: Validated) -> None:
         """The store took ``v``'s state as the version after ``v.version``."""
-        self._put(channel, v.version + 1, v.group, len(v.snapshot))
+        self._put(channel, v.version + 1, v.group, len(v.snapshot), v.used)
+
+
+# A stored group state: this prefix, the number of used key packages (4 bytes, big
+# endian), the HPKE init key of each (a length byte, then the key), then the tracked
+# group's snapshot.
+# A tracked group's snapshot starts with its protocol version (0x0001), never 0xFF, so a
+# state stored before they were kept reads as one with none.
+_PACKED = b"\xff\xffsvc-used-kp\x00"
+
+
+def pack(tracked: bytes, used: frozenset[bytes]) -> bytes:
+    """The state to store for a tracked group's snapshot and the init keys of the key
+    packages the channel has used (sorted: the same state packs to the same bytes)."""
+    parts = [_PACKED, struct.pack(">I", len(used))]
+    for key in sorted(used):
+        parts += [bytes([len(key)]), key]
+    parts.append(tracked)
+    return b"".join(parts)
+
+
+def unpack(stored: bytes) -> tuple[bytes, frozenset[bytes]]:
+    """(tracked group snapshot, init keys of the used key packages) of a stored state;
+    ValueError if it is cut short."""
+    if not stored.startswith(_PACKED):
+        return stored, frozenset()
+    at = len(_PACKED)
+    if len(stored) < at + 4:
+        raise ValueError("stored group state is cut short")
+    (count,) = struct.unpack_from(">I", stored, at)
+    at += 4
+    used = set()
+    for _ in range(count):
+        if at >= len(stored) or at + 1 + stored[at] > len(stored):
+            raise ValueError("stored group state is cut short")
+        used.add(stored[at + 1 : at + 1 + stored[at]])
+        at += 1 + stored[at]
+    return stored[at:], frozenset(used)
 
 
 def _invalid(exc: MlsError) -> Invalid:
@@ -207,6 +272,8 @@ class _Cached:
     group: TrackedGroup
     size: int
     accounts: frozenset[uuid.UUID]
+    #: HPKE init keys of the key packages the channel's commits added.
+    used: frozenset[bytes] = frozenset()
 
 
 class _ChannelLock(asyncio.Lock):

@@ -181,14 +181,20 @@ class Relay:
         # the mirror either.
         for attempt in range(RECORD_ATTEMPTS):
             try:
-                await self.access.record(channel, epoch, members, members_invite, events)
-                return
+                ended = await self.access.record(channel, epoch, members, members_invite, events)
             except Exception:
                 if attempt == RECORD_ATTEMPTS - 1:
                     log.exception("recording the roster of %s failed", channel)
                     return
                 log.warning("recording the roster of %s failed; trying again", channel)
                 await asyncio.sleep(0.05 * 2**attempt)
+                continue
+            if ended:
+                # Redemptions of the invites that ended no longer admit their accounts:
+                # their streams stop receiving the channel now, not at the next commit
+                # (the recheck after this commit ran before the write).
+                await self._recheck(channel)
+            return
 
     async def start(self) -> None:
         await self.store.start()

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from svc_sdk.protocol import MlsError, inspect
+from svc_sdk.protocol import AgentId, MlsError, inspect
 from svc_sdk.protocol import is_valid_channel_name as valid_name
 from svc_sdk.protocol import relay_pb2 as pb
 
@@ -344,6 +344,7 @@ class StreamSession:
         async with groups.lock(req.channel):
             v = await self._validated(req.channel, req.commit, req.epoch)
             joiners = self._joiners(req, v)
+            await self._check_admissions(req.channel, v)
             try:
                 entry = await self.relay.store.commit(
                     req.channel,
@@ -366,6 +367,25 @@ class StreamSession:
         self.relay.metrics.messages.labels("commit").inc()
         self.relay.metrics.bytes.inc(len(req.commit))
         self.reply(request_id, seq=entry.seq, epoch=entry.epoch + 1)
+
+    async def _check_admissions(self, channel: str, v: Validated) -> None:
+        """Refuses a commit that adds an agent with the key package of a join request
+        whose invite is no longer valid: posted while the invite was good, it stays in the
+        log, where an admin's client may read it after the invite ended (its account was
+        removed, demoted, or it expired)."""
+        if not v.observed.added:
+            return
+        added = [(*split(member), ref) for member, ref in v.observed.added]
+        dead = await self.relay.access.dead_admissions(channel, added)
+        if dead:
+            self.relay.metrics.handshake_rejections.labels("policy").inc()
+            who = ", ".join(str(AgentId(str(a), i)) for a, i in dead)
+            raise RequestError(
+                DENIED,
+                f"handshake refused: {who} would join with the key package of an invite "
+                "that is no longer valid; it needs a new invite (or hands over a fresh key "
+                "package)",
+            )
 
     def _joiners(self, req: pb.Commit, v: Validated) -> list[bytes]:
         """Whom the commit's Welcome goes to: the members the validated commit adds. The

@@ -96,10 +96,12 @@ def record(
     members: Sequence[Member],
     members_invite: bool,
     events: Sequence[Event],
-) -> None:
+) -> int:
     """The roster after the commit that moved ``channel`` to ``epoch``, and what it
     changed. Rosters of older epochs never overwrite newer ones (relay processes may
-    record out of order)."""
+    record out of order). Invites of accounts that can no longer invite end here
+    (``end_invites_without_authority``); returns how many, as their redemptions no
+    longer admit anyone."""
     moved = session.execute(
         update(Channel)
         .where(Channel.name == channel, Channel.epoch <= epoch)
@@ -141,6 +143,7 @@ def record(
                 )
             )
     now = utcnow()
+    ended = end_invites_without_authority(session, channel, now)
     for e in events:
         session.add(
             ChannelEvent(
@@ -156,6 +159,34 @@ def record(
             )
         )
     session.flush()
+    return ended
+
+
+def end_invites_without_authority(session: Session, channel: str, now: datetime) -> int:
+    """Ends, for good, the live invites to ``channel`` of every account that may no longer
+    invite to it (``can_invite`` on the roster just written): its agents were removed or
+    left, or demoted, or the owner stopped letting members invite. An invite is good only
+    while its account could still make it; it does not come back if the account regains
+    the authority later. Ending it (its lifetime set to now) also ends the redemptions
+    made with it: they no longer admit their accounts to the channel, their join requests
+    can no longer be posted, and the relay refuses a commit adding their key packages
+    (``invites.dead_admissions``). Returns how many invites ended."""
+    issuers = set(
+        session.scalars(
+            select(Invite.account_id)
+            .where(Invite.channel == channel, Invite.expires_at > now)
+            .distinct()
+        )
+    )
+    lost = [a for a in issuers if not can_invite(session, channel, a)]
+    if not lost:
+        return 0
+    ended = session.execute(
+        update(Invite)
+        .where(Invite.channel == channel, Invite.account_id.in_(lost), Invite.expires_at > now)
+        .values(expires_at=now)
+    )
+    return int(ended.rowcount)  # type: ignore[attr-defined]
 
 
 def can_invite(session: Session, channel: str, account_id: uuid.UUID) -> bool:

@@ -13,11 +13,14 @@ import hashlib
 import re
 import secrets
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
+
+from svc_sdk.protocol import MlsError, inspect
 
 from ..db.models import Invite, JoinRequest
 from . import channels
@@ -95,8 +98,10 @@ def redeem(
 ) -> JoinRequest:
     """Consumes one use (none when this agent — this account's ``identity`` — already
     redeemed this invite, so a joiner can retry) and returns the join request to post to
-    the channel. Nothing is written unless a use is left or the agent's own earlier
-    redemption is being retried; another account's join request is never touched."""
+    the channel. An invite is good only while the account that made it may still invite
+    to the channel, by the roster the relay mirrors. Nothing is written unless a use is
+    left or the agent's own earlier redemption is being retried; another account's join
+    request is never touched."""
     invalid = InviteError("not-found", "invite token is not valid for this channel")
     if not is_well_formed(token):
         raise invalid
@@ -105,6 +110,11 @@ def redeem(
         raise invalid
     if invite.expires_at <= now:
         raise InviteError("expired", "invite token has expired")
+    if not channels.can_invite(session, channel, invite.account_id):
+        # The account that made it lost the authority to invite (its agents were removed
+        # or left, demoted, or the policy changed). The roster write that took it away
+        # also ended the invite (channels.record); this is the same rule, at the use.
+        raise InviteError("expired", "invite token is no longer valid")
     existing = session.scalar(
         select(JoinRequest).where(
             JoinRequest.invite_id == invite.id,
@@ -139,7 +149,9 @@ def redeem(
 def pending_key_package(
     session: Session, join_id: uuid.UUID, channel: str, account_id: uuid.UUID, now: datetime
 ) -> tuple[bytes, bytes] | None:
-    """(identity, key package) of the caller's join request, while its invite is valid."""
+    """(identity, key package) of the caller's join request, while its invite is valid
+    (an invite ends early when its account loses the authority to invite:
+    ``channels.record``)."""
     row = session.execute(
         select(JoinRequest.identity, JoinRequest.key_package)
         .join(Invite, Invite.id == JoinRequest.invite_id)
@@ -151,3 +163,38 @@ def pending_key_package(
         )
     ).first()
     return None if row is None else (bytes(row[0]), bytes(row[1]))
+
+
+def dead_admissions(
+    session: Session,
+    channel: str,
+    added: Sequence[tuple[uuid.UUID, bytes, bytes]],
+    now: datetime,
+) -> list[tuple[uuid.UUID, bytes]]:
+    """The agents, of ``added`` (account, identity, KeyPackageRef) that a commit adds,
+    whose key package is one they posted with an invite that is no longer valid (expired,
+    or ended when its account lost the authority to invite), and with no invite that
+    still is. Such a join request stays in the channel's log, where an admin's client may
+    still read it: the relay refuses the commit that would add it."""
+    dead = []
+    for account_id, identity, ref in added:
+        rows = session.execute(
+            select(JoinRequest.key_package, Invite.expires_at)
+            .join(Invite, Invite.id == JoinRequest.invite_id)
+            .where(
+                JoinRequest.channel == channel,
+                JoinRequest.account_id == account_id,
+                JoinRequest.identity == identity,
+            )
+        ).all()
+        good = [expires_at > now for kp, expires_at in rows if _ref(bytes(kp)) == ref]
+        if good and not any(good):
+            dead.append((account_id, identity))
+    return dead
+
+
+def _ref(key_package: bytes) -> bytes | None:
+    try:
+        return inspect(key_package).key_package_ref
+    except MlsError:
+        return None

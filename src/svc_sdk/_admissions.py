@@ -8,7 +8,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from svc_sdk._native import PendingCommit
-from svc_sdk.errors import MlsError, SvcError
+from svc_sdk.errors import AccessError, InternalError, MlsError, SvcError
 
 if TYPE_CHECKING:
     from svc_sdk.channel import Channel
@@ -37,8 +37,24 @@ class Admissions:
             return
         try:
             while self.join_requests and channel._closed is None:
-                if channel._commits.commit(self._next_admission) is None:
-                    break
+                try:
+                    if channel._commits.commit(self._next_admission) is None:
+                        break
+                except (AccessError, InternalError) as exc:
+                    # The relay refused the commit adding it: the invite it came with is
+                    # no longer valid, or its key package was used before. Asking again
+                    # gets the same answer; the others go on.
+                    if self._adding is None:
+                        raise
+                    refused = self._adding
+                    log.warning(
+                        "channel %s: join request from %r refused: %s",
+                        channel.name,
+                        refused[0],
+                        exc,
+                    )
+                    self.join_requests = [r for r in self.join_requests if r != refused]
+                    continue
                 # That request is spent: its agent is in. Filtering by the roster alone
                 # would add it again if a removal came in before the next look.
                 spent = self._adding
@@ -54,6 +70,7 @@ class Admissions:
         return me is not None and channel._group.roles().role(me) != "member"
 
     def _next_admission(self) -> PendingCommit | None:
+        self._adding = None
         group = self._channel._group
         if not self._is_admin():
             # Only the owner and admins add members; a redemption is for them to act on.

@@ -193,3 +193,26 @@ def test_the_committer_reads_what_was_sent_before_its_commit(
         behind(chan_a)  # alice commits before she has read it
         chan_a.remove_member(cb.agent_id)
         assert take(chan_a, 1) == [b"last words"]
+
+
+def test_a_removed_admins_invites_let_nobody_in(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """Mallory, an admin of another account, mints an invite with many uses and is then
+    removed. With the owner's client online (it adds whoever redeems an invite), neither
+    an agent of her own account nor one she hands the token to gets in with it."""
+    mallory_key = stack.signup()["api_key"]["key"]
+    eve_key = stack.signup()["api_key"]["key"]
+    alice = stack.manager(ids("alice"))
+    mallory = stack.manager(ids("mallory"), api_key=mallory_key)
+    alice.create(channel_name)
+    mallory.join_with_token(channel_name, alice.invite(channel_name), timeout=20)
+    alice.client.channel(channel_name).set_role(mallory.agent_id, "admin")
+    kept = mallory.invite(channel_name, max_uses=10, ttl=3600)
+    alice.remove_member(channel_name, mallory.agent_id)
+    for name, key in (("mallory2", mallory_key), ("eve", eve_key)):
+        late = stack.manager(ids(name), api_key=key)
+        with pytest.raises(InviteError) as info:
+            late.join_with_token(channel_name, kept, timeout=10)
+        assert info.value.reason == "expired", info.value
+    assert alice.members(channel_name) == [alice.agent_id]

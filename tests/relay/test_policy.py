@@ -6,6 +6,7 @@ channel are refused, nothing is stored, and the channel goes on."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -16,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import httpx
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.mls import Group, PolicyError
+from svc_sdk.mls import Engine, Group, PolicyError, inspect
+from svc_sdk.testing import certify_with_api
 from svc_server.db.session import transaction
+from svc_server.relay.groups import pack, unpack
 from svc_server.services import channels
 from svc_server.stack import Stack
 
@@ -275,3 +279,218 @@ async def _in_mirror(stack: Stack, account_id: uuid.UUID) -> bool:
             return channels.has_access(session, CHANNEL, account_id)
 
     return await asyncio.to_thread(check)
+
+
+async def _invite(account: Account, max_uses: int = 1) -> str:
+    async with httpx.AsyncClient(base_url=account.api_url) as http:
+        made = await http.post(
+            "/v1/invites",
+            json={"channel": CHANNEL, "max_uses": max_uses},
+            headers={"Authorization": f"Bearer {account.key}"},
+        )
+    assert made.status_code == 201, made.text
+    token: str = made.json()["token"]
+    return token
+
+
+async def _redeem(account: Account, token: str, key_package: bytes) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=account.api_url) as http:
+        return await http.post(
+            "/v1/invites/redeem",
+            json={
+                "channel": CHANNEL,
+                "token": token,
+                "key_package": base64.b64encode(key_package).decode(),
+            },
+            headers={"Authorization": f"Bearer {account.key}"},
+        )
+
+
+async def test_a_removed_admins_invites_let_nobody_in(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """Mallory (another account) was an admin and minted invites. Once the owner removes
+    her, none of them lets anybody in: a token she kept (or handed out) no longer
+    redeems, a join request posted with one before her removal can no longer be added,
+    and the redemption no longer admits its account to the channel."""
+    alice = await member(stack, account, tmp_path, "alice")
+    mallorys = await new_account(stack.api_url, "mallory@example.com")
+    mallory = await member(stack, mallorys, tmp_path, "mallory")
+    await alice.create(CHANNEL)
+    await alice.add(CHANNEL, mallory)
+    await mallory.join(CHANNEL)
+    assert alice.group is not None
+    # Acknowledged once the account API's roster has it: mallory's account may invite.
+    await alice.commit(CHANNEL, alice.group.set_role(mallory.member_id, "admin"))
+    early, kept = await _invite(mallorys), await _invite(mallorys, max_uses=10)
+    eves = await new_account(stack.api_url, "eve@example.com")
+    eve = await member(stack, eves, tmp_path, "eve")
+    eve_kp = eve.engine.generate_key_package()
+    redeemed = await _redeem(eves, early, eve_kp)
+    assert redeemed.status_code == 201, redeemed.text
+    join = pb.JoinRequest(channel=CHANNEL, join_id=redeemed.json()["join_id"])
+    assert (await eve.conn.request(join, check=False)).code == 0
+    # Her redemption admits her account to the channel's (ciphertext) stream meanwhile.
+    await eve.conn.request(pb.Subscribe(channel=CHANNEL))
+    # No admin was online to add eve. Now the owner removes mallory.
+    await alice.commit(CHANNEL, alice.group.remove_members([mallory.member_id]))
+    # Eve's stream stops at once: it does not get what is sent after the removal.
+    after = await alice.send(CHANNEL, "after mallory")
+    got = []
+    with contextlib.suppress(TimeoutError):
+        while True:
+            got.append((await asyncio.wait_for(eve.conn.deliveries.get(), 1)).seq)
+    assert got and max(got) < after, got
+
+    # The token mallory kept: neither her account's other agent nor anyone she hands it
+    # to gets in with it.
+    for who, name in ((mallorys, "mallory2"), (eves, "eve2")):
+        late = await member(stack, who, tmp_path, name)
+        refused = await _redeem(who, kept, late.engine.generate_key_package())
+        assert refused.status_code == 410, refused.text
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["type"] == "urn:svc:problem:invite-expired"
+        await late.conn.close()
+    # Eve's join request, posted while mallory was an admin, is still in the log: an
+    # owner's client that reads it now must not be able to add her with it.
+    pending = alice.group.add_members([eve_kp])
+    reply = await alice.conn.request(
+        pb.Commit(
+            channel=CHANNEL,
+            epoch=pending.epoch,
+            commit=pending.commit,
+            welcome=pending.welcome or b"",
+        ),
+        check=False,
+    )
+    assert reply.code == DENIED, reply
+    assert "invite" in reply.message, reply.message
+    alice.group.clear_pending_commit()
+    # Nor does her redemption keep her account in the channel.
+    assert (await eve.conn.request(join, check=False)).code == DENIED
+    assert (await eve.conn.request(pb.Subscribe(channel=CHANNEL), check=False)).code == DENIED
+    # The channel goes on; the owner still adds whom she chooses, with a fresh key package.
+    fresh = eve.engine.generate_key_package()
+    assert (await alice.commit(CHANNEL, alice.group.add_members([fresh]))).code == 0
+    await close(alice, mallory, eve)
+
+
+async def test_a_key_package_the_channel_used_is_refused(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """A key package is for one use (RFC 9420, section 16.8). An admin that replays the
+    key package a removed member joined with would put that member's leaf back without
+    its consent, with no fresh key package: a member that nobody can read for (its
+    agent deleted the private keys when it joined), whose account is back in the channel.
+    The relay refuses the commit as invalid; the member's fresh key package still adds
+    it."""
+    alice = await member(stack, account, tmp_path, "alice")
+    bob = await member(stack, account, tmp_path, "bob")
+    await alice.create(CHANNEL)
+    assert alice.group is not None
+    used = bob.engine.generate_key_package()
+    await alice.commit(CHANNEL, alice.group.add_members([used]))
+    await bob.join(CHANNEL)
+    await alice.commit(CHANNEL, alice.group.remove_members([bob.member_id]))
+    epoch = alice.group.epoch
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    carol = await member(stack, account, tmp_path, "carol")
+    # Alone, and alongside a fresh key package of another agent, with the group loaded
+    # again from the store (another relay process, or a restart).
+    for kps in ([used], [carol.engine.generate_key_package(), used]):
+        stack.relay.relay.groups.evict(CHANNEL)
+        pending = alice.group.add_members(kps)
+        reply = await alice.conn.request(
+            pb.Commit(
+                channel=CHANNEL,
+                epoch=pending.epoch,
+                commit=pending.commit,
+                welcome=pending.welcome or b"",
+            ),
+            check=False,
+        )
+        assert reply.code == INVALID, reply
+        assert "key package" in reply.message and "used" in reply.message, reply.message
+        alice.group.clear_pending_commit()
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    assert alice.group.epoch == epoch
+    # The channel goes on, and bob's fresh key package adds him again.
+    fresh = bob.engine.generate_key_package()
+    assert (await alice.commit(CHANNEL, alice.group.add_members([fresh]))).epoch == epoch + 1
+    await close(alice, bob, carol)
+
+
+async def test_stored_group_states_keep_the_used_key_packages() -> None:
+    tracked = b"\x00\x01tracked group snapshot"
+    used = frozenset({b"\x01" * 32, b"\x02" * 32, b""})
+    assert unpack(pack(tracked, used)) == (tracked, used)
+    assert pack(tracked, used) == pack(tracked, frozenset(sorted(used, reverse=True)))
+    # A state stored before the refs were kept: none used.
+    assert unpack(tracked) == (tracked, frozenset())
+    for cut in (pack(tracked, used)[:20], pack(tracked, used)[:24]):
+        with pytest.raises(ValueError, match="cut short"):
+            unpack(cut)
+
+
+# The order of the P-256 group: an ECDSA signature (r, s) also verifies as (r, n - s).
+P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+def _der_int(value: int) -> bytes:
+    raw = value.to_bytes((value.bit_length() + 8) // 8, "big")  # a leading 0 when needed
+    return b"\x02" + bytes([len(raw)]) + raw
+
+
+def malleated(key_package: bytes) -> bytes:
+    """The same P-256 key package with its signature (its last field: a 2-byte length,
+    then DER ``SEQUENCE {r, s}``) changed from (r, s) to (r, n - s)."""
+    for at in range(len(key_package) - 8, 0, -1):
+        if key_package[at] == 0x30 and key_package[at + 1] + 2 == len(key_package) - at:
+            break
+    der = key_package[at:]
+    r_len = der[3]
+    r = int.from_bytes(der[4 : 4 + r_len], "big")
+    s = int.from_bytes(der[6 + r_len :], "big")
+    body = _der_int(r) + _der_int(P256_ORDER - s)
+    signature = b"\x30" + bytes([len(body)]) + body
+    assert key_package[at - 2] & 0xC0 == 0x40  # a 2-byte MLS varint length
+    return key_package[: at - 2] + (0x4000 | len(signature)).to_bytes(2, "big") + signature
+
+
+async def test_a_used_key_package_under_another_signature_encoding_is_refused(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """In a P-256 channel (suite 2) a used key package can be copied with its ECDSA
+    signature's other valid form: another KeyPackageRef, the same key package. The relay
+    tells key packages apart by their init key."""
+
+    async def p256(name: str) -> Member:
+        made = await asyncio.to_thread(
+            certify_with_api, Engine(tmp_path / name, name.encode(), 2), *api
+        )
+        return Member(name, made, await connect(stack, account, name.encode()))
+
+    api = (account.api_url, account.key)
+    alice, bob = await p256("alice"), await p256("bob")
+    await alice.create(CHANNEL)
+    assert alice.group is not None and alice.group.cipher_suite == 2
+    used = bob.engine.generate_key_package()
+    await alice.commit(CHANNEL, alice.group.add_members([used]))
+    await bob.join(CHANNEL)
+    await alice.commit(CHANNEL, alice.group.remove_members([bob.member_id]))
+    copy = malleated(used)
+    assert inspect(copy).key_package_ref != inspect(used).key_package_ref
+    pending = alice.group.add_members([copy])  # a valid key package to the engine
+    reply = await alice.conn.request(
+        pb.Commit(
+            channel=CHANNEL,
+            epoch=pending.epoch,
+            commit=pending.commit,
+            welcome=pending.welcome or b"",
+        ),
+        check=False,
+    )
+    assert reply.code == INVALID, reply
+    assert "used in this channel before" in reply.message, reply.message
+    alice.group.clear_pending_commit()
+    await close(alice, bob)

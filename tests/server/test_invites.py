@@ -10,13 +10,13 @@ import uuid
 from typing import Any
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from svc_sdk.api_client import ApiClient
-from svc_sdk.mls import Engine
-from svc_server.db.models import JoinRequest
+from svc_sdk.mls import Engine, inspect
+from svc_server.db.models import Invite, JoinRequest, utcnow
 from svc_server.db.session import make_engine, make_sessionmaker, transaction
-from svc_server.services import channels
+from svc_server.services import channels, invites
 
 from ..conftest import ISSUER
 from ..support import RunningApi
@@ -227,3 +227,125 @@ def test_a_removal_ends_the_removed_agents_redemption(
         engine.dispose()
     refused = http.post("/v1/invites", json={"channel": CHANNEL}, headers=bearer(bob_key))
     assert refused.status_code == 404, refused.text
+
+
+def test_an_invite_ends_when_its_account_can_no_longer_invite(
+    api: RunningApi, http: httpx.Client, tmp_path: Any
+) -> None:
+    """An invite is good only while the account that made it may still invite: once the
+    relay's roster shows it demoted (or removed, or the policy no longer lets members
+    invite), its invites no longer redeem (410, invite-expired) and the redemptions made
+    with them no longer admit anyone. Regaining the authority does not revive them."""
+    owner = signup(http, "o6@example.com")
+    _register(api, owner["account"]["id"])
+    alice = channels.Member(uuid.UUID(owner["account"]["id"]), b"owner", "owner")
+    admin_key = signup(http, "a6@example.com")["api_key"]["key"]
+    admin = _account_of(http, admin_key)
+    joiner_key = signup(http, "j6@example.com")["api_key"]["key"]
+    joiner = _account_of(http, joiner_key)
+
+    def roster(epoch: int, role: str, members_invite: bool = False) -> None:
+        engine = make_engine(api.settings)
+        try:
+            with transaction(make_sessionmaker(engine)) as session:
+                mallory = channels.Member(admin, b"mallory", role)
+                channels.record(session, CHANNEL, epoch, [alice, mallory], members_invite, [])
+        finally:
+            engine.dispose()
+
+    def invite() -> str:
+        made = http.post(
+            "/v1/invites", json={"channel": CHANNEL, "max_uses": 5}, headers=bearer(admin_key)
+        )
+        assert made.status_code == 201, made.text
+        token: str = made.json()["token"]
+        return token
+
+    def redeem(token: str, name: str) -> httpx.Response:
+        kp = _kp(api, joiner_key, tmp_path, name)
+        body = {"channel": CHANNEL, "token": token, "key_package": kp}
+        return http.post("/v1/invites/redeem", json=body, headers=bearer(joiner_key))
+
+    def joiner_admitted() -> bool:
+        engine = make_engine(api.settings)
+        try:
+            with transaction(make_sessionmaker(engine)) as session:
+                return channels.has_access(session, CHANNEL, joiner)
+        finally:
+            engine.dispose()
+
+    roster(1, "admin")
+    token = invite()
+    assert redeem(token, "j1").status_code == 201
+    assert joiner_admitted()
+    roster(2, "member")  # the owner demotes mallory
+    refused = redeem(token, "j2")
+    assert refused.status_code == 410, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["type"] == "urn:svc:problem:invite-expired"
+    assert not joiner_admitted(), "a redemption of an ended invite still admits its account"
+    roster(3, "admin")  # promoted again: the ended invite stays ended
+    assert redeem(token, "j3").status_code == 410
+    # A plain member's invite, while the policy lets members invite, ends with the policy.
+    roster(4, "member", members_invite=True)
+    token = invite()
+    assert redeem(token, "j4").status_code == 201
+    roster(5, "member", members_invite=False)
+    assert redeem(token, "j5").status_code == 410
+    assert not joiner_admitted()
+
+
+def test_the_relay_refuses_a_key_package_only_when_no_invite_it_came_with_is_good(
+    api: RunningApi, http: httpx.Client, tmp_path: Any
+) -> None:
+    """``dead_admissions``: which key packages a commit adds that came in join requests
+    whose invites all ended. One key package redeemed with two invites stays addable
+    while one of them is good."""
+    owner = signup(http, "o7@example.com")
+    _register(api, owner["account"]["id"])
+    alice = channels.Member(uuid.UUID(owner["account"]["id"]), b"owner", "owner")
+    admin_key = signup(http, "a7@example.com")["api_key"]["key"]
+    admin = _account_of(http, admin_key)
+    joiner_key = signup(http, "j7@example.com")["api_key"]["key"]
+    joiner = _account_of(http, joiner_key)
+    engine = make_engine(api.settings)
+    sessions = make_sessionmaker(engine)
+
+    def roster(epoch: int, role: str) -> None:
+        with transaction(sessions) as session:
+            mallory = channels.Member(admin, b"mallory", role)
+            channels.record(session, CHANNEL, epoch, [alice, mallory], False, [])
+
+    def invite(key: str) -> str:
+        made = http.post("/v1/invites", json={"channel": CHANNEL}, headers=bearer(key))
+        assert made.status_code == 201, made.text
+        token: str = made.json()["token"]
+        return token
+
+    kp = _kp(api, joiner_key, tmp_path, "joiner")
+    ref = inspect(base64.b64decode(kp)).key_package_ref
+    assert ref is not None
+    added = [(joiner, b"joiner", ref)]
+
+    def dead() -> list[tuple[uuid.UUID, bytes]]:
+        with transaction(sessions) as session:
+            return invites.dead_admissions(session, CHANNEL, added, utcnow())
+
+    try:
+        roster(1, "admin")
+        for key in (admin_key, owner["api_key"]["key"]):
+            body = {"channel": CHANNEL, "token": invite(key), "key_package": kp}
+            redeemed = http.post("/v1/invites/redeem", json=body, headers=bearer(joiner_key))
+            assert redeemed.status_code == 201, redeemed.text
+        assert dead() == []
+        roster(2, "member")  # mallory's invite ends; the owner's is still good
+        assert dead() == []
+        with transaction(sessions) as session:  # the owner's ends too (expired)
+            session.execute(update(Invite).values(expires_at=utcnow()))
+        assert dead() == [(joiner, b"joiner")]
+        # A key package no join request carries is the committer's business.
+        with transaction(sessions) as session:
+            other = [(joiner, b"joiner", b"\x00" * 32)]
+            assert invites.dead_admissions(session, CHANNEL, other, utcnow()) == []
+    finally:
+        engine.dispose()
