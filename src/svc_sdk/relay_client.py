@@ -19,6 +19,7 @@ above passes it on as it is, and :meth:`RelayConnection.send` alone wraps it in 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import itertools
 import logging
@@ -175,7 +176,12 @@ class RelayConnection:
         self._token = token
         self._keepalive = (keepalive, keepalive_timeout)
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[pb.Reply]] = {}
+        # Futures of the loop (``send``) and of other threads (``send_threadsafe``), both
+        # settled on the loop; a thread adds to it while the loop may be failing them all,
+        # so the loop swaps the dict out instead of iterating it in place.
+        self._pending: dict[
+            int, asyncio.Future[pb.Reply] | concurrent.futures.Future[pb.Reply]
+        ] = {}
         # Every frame but a Reply goes to ``on_frame`` (the client's RelayLink dispatches
         # them itself); without one, deliveries and Welcomes are queued here for tests and
         # benchmarks, and lag notices dropped (nothing of theirs resubscribes).
@@ -231,7 +237,7 @@ class RelayConnection:
                 if frame.WhichOneof("kind") == "reply":
                     future = self._pending.pop(frame.reply.request_id, None)
                     if future is not None and not future.done():
-                        future.set_result(frame.reply)
+                        _settle(future, frame.reply)
                 else:
                     self._on_frame(frame)
         except Exception as exc:  # a frame we cannot read or dispatch ends this stream
@@ -255,10 +261,10 @@ class RelayConnection:
         failure = error or ConnectionError("relay stream closed")
         if self._opened is not None and not self._opened.done():
             self._opened.set_exception(failure)
-        for future in self._pending.values():
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
             if not future.done():
-                future.set_exception(failure)
-        self._pending.clear()
+                _settle(future, failure)
         if self.closed is not None and not self.closed.done():
             self.closed.set_result(error)
 
@@ -292,6 +298,25 @@ class RelayConnection:
         self._pending[request_id] = future
         return future
 
+    def send_threadsafe(self, request: Request) -> concurrent.futures.Future[pb.Reply]:
+        """``send`` for a caller in another thread: the frame is written from the calling
+        thread at once, with no hop through the loop, and the returned future is settled
+        by the loop when the Reply comes (or fails when the stream ends first). Frames of
+        one thread leave in its call order. ConnectionError once the stream has ended.
+
+            >>> reply = relay.send_threadsafe(pb.Publish(...)).result(timeout=30)
+        """
+        request_id = next(self._ids)
+        data = client_frame(request, request_id).SerializeToString()
+        future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
+        # Registered before the write: the Reply may be read before write() returns.
+        self._pending[request_id] = future
+        stream = self._stream
+        if stream is None or not stream.write(data):
+            self._pending.pop(request_id, None)
+            raise ConnectionError("relay stream closed")
+        return future
+
     async def request(
         self, request: Request, *, timeout: float = 30.0, check: bool = True
     ) -> pb.Reply:
@@ -307,3 +332,17 @@ class RelayConnection:
         ConnectionError."""
         if self._stream is not None:
             self._finish(None)
+
+
+def _settle(
+    future: asyncio.Future[pb.Reply] | concurrent.futures.Future[pb.Reply],
+    outcome: pb.Reply | BaseException,
+) -> None:
+    """Settles a waiting request's future; one its thread cancelled meanwhile is left."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except (asyncio.InvalidStateError, concurrent.futures.InvalidStateError):
+        pass

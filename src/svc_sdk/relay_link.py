@@ -41,6 +41,10 @@ log = logging.getLogger("svc_sdk.relay")
 T = TypeVar("T")
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
+# How long a relay may take to accept a stream once its TCP (and TLS) connection is up: a
+# listener that takes the connection and then says nothing is passed over for the next
+# address, not waited on until keepalive gives up (40 s).
+OPEN_TIMEOUT = 5.0
 
 
 class Sink(Protocol):
@@ -127,10 +131,8 @@ class RelayLink:
         self.reconnects = 0
         #: Counts the connections made; a frame sent with ``pin`` goes out on that one only.
         self.generation = 0
-        # Frames from send_soon, written by one task in the order they were queued.
-        self._queued: deque[
-            tuple[Request, concurrent.futures.Future[pb.Reply], float, int | None]
-        ] = deque()
+        # Unpinned frames from send_soon, written by one task in the order they were queued.
+        self._queued: deque[tuple[Request, concurrent.futures.Future[pb.Reply], float]] = deque()
         self._queued_wake: asyncio.Event | None = None
 
     # -- lifecycle (any thread) --------------------------------------------------------
@@ -190,13 +192,17 @@ class RelayLink:
         written in the order they were queued; a connection lost before the Reply falls
         back to ``request``, which resends after the reconnect.
 
-        With ``pin`` (a :attr:`generation`), the frame goes out on that connection or not
-        at all: if it is gone, or goes before the Reply, the future fails with
-        TransportError and nothing is resent (the outbox resends in order itself)."""
+        With ``pin`` (a :attr:`generation`), the frame is written at once from the calling
+        thread (no hop through the loop), on that connection or not at all: if it is
+        gone, or goes before the Reply, the future fails with TransportError and nothing
+        is resent (the outbox resends in order itself)."""
         if self._closing:
             raise ChannelClosedError("the client is closed")
         future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
-        self._queued.append((request, future, time.monotonic() + timeout, pin))
+        if pin is not None:
+            self._write_pinned(request, future, pin)
+            return future
+        self._queued.append((request, future, time.monotonic() + timeout))
         assert self._queued_wake is not None
         self._loop.call_soon_threadsafe(self._queued_wake.set)
         return future
@@ -208,12 +214,9 @@ class RelayLink:
                 await self._queued_wake.wait()
                 self._queued_wake.clear()
                 while self._queued:
-                    request, future, deadline, pin = self._queued.popleft()
+                    request, future, deadline = self._queued.popleft()
                     if not future.set_running_or_notify_cancel():
                         continue  # the caller gave up
-                    if pin is not None:
-                        await self._write_pinned(request, future, pin)
-                        continue
                     try:
                         conn = await self._wait_connected(deadline - time.monotonic())
                         replied = await conn.send(request)
@@ -229,30 +232,29 @@ class RelayLink:
                     replied.add_done_callback(partial(self._replied, future, request, deadline))
         finally:  # closing: nothing queued may wait forever
             while self._queued:
-                _, future, _, _ = self._queued.popleft()
+                _, future, _ = self._queued.popleft()
                 if future.set_running_or_notify_cancel():
                     future.set_exception(ChannelClosedError("the client is closed"))
 
-    async def _write_pinned(
+    def _write_pinned(
         self, request: Request, future: concurrent.futures.Future[pb.Reply], pin: int
     ) -> None:
+        """Writes from the calling thread, straight onto the native stream: a publish
+        takes no hop through the loop. Any thread; the connection is read once."""
         conn = self._conn
         if conn is None or pin != self.generation or not self.connected:
             future.set_exception(TransportError("relay connection lost before sending"))
             return
         try:
-            replied = await conn.send(request)
-        except asyncio.CancelledError:
-            future.set_exception(ChannelClosedError("the client is closed"))
-            raise
-        except (ConnectionError, asyncio.InvalidStateError) as exc:
+            replied = conn.send_threadsafe(request)
+        except ConnectionError as exc:
             future.set_exception(TransportError(f"relay connection lost: {exc}"))
             return
         replied.add_done_callback(partial(self._replied_pinned, future))
 
     @staticmethod
     def _replied_pinned(
-        future: concurrent.futures.Future[pb.Reply], done: asyncio.Future[pb.Reply]
+        future: concurrent.futures.Future[pb.Reply], done: concurrent.futures.Future[pb.Reply]
     ) -> None:
         if done.cancelled() or done.exception() is not None:
             future.set_exception(TransportError("relay connection lost before the Reply"))
@@ -416,7 +418,7 @@ class RelayLink:
             try:
                 token = await asyncio.to_thread(self._tokens.token)
                 conn = RelayConnection(endpoint, token, self.identity, on_frame=self._on_frame)
-                await conn.open()
+                await asyncio.wait_for(conn.open(), OPEN_TIMEOUT)
                 # The first Reply proves the stream is up and the token accepted.
                 reply = await asyncio.wait_for(
                     await conn.send(pb.Refresh(token=token)), 5.0 if attempt else 10.0
@@ -442,7 +444,9 @@ class RelayLink:
                 raise
             except SvcError as exc:
                 self._error = exc
-            except (ConnectionError, TimeoutError, RelayError) as exc:
+            except TimeoutError:
+                self._error = TransportError(f"relay {endpoint} did not answer in time")
+            except (ConnectionError, RelayError) as exc:
                 self._error = relay_error(exc)
             except Exception as exc:  # a bug must not stop reconnecting
                 log.exception("relay connection failed")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import pytest
 
 from svc_sdk import Channel, SvcClient
 from svc_sdk.local_state import LocalState
+from svc_sdk.relay_link import OPEN_TIMEOUT
 from svc_sdk.testing import LocalStack
 
 from ..support import PostgresServer, RedisServer, scaled_out
@@ -264,3 +266,20 @@ def test_agent_killed_between_decrypting_and_storing_loses_nothing(
         # The engine had not written its state: after the restart both decrypt again.
         with client(stack, ids("b")) as again:
             assert take(again.channel(channel), 2) == [b"m0", b"m1"]
+
+
+def test_a_relay_that_accepts_but_never_answers_is_passed_over(stack: LocalStack, ids: Any) -> None:
+    """A first address whose listener takes the TCP connection and then says nothing (a
+    wedged relay or proxy) costs the open timeout, not the connection: the link moves on
+    to the next address."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        endpoints = f"http://127.0.0.1:{silent.getsockname()[1]},{stack.relay_url}"
+        started = time.monotonic()
+        with client(stack, ids("alice"), endpoint=endpoints, connect_timeout=30) as alice:
+            assert alice.link.endpoint == stack.relay_url
+            assert time.monotonic() - started < OPEN_TIMEOUT + 10
+            chan = alice.create_channel(f"acme/tests/{ids('passed-over')}")
+            chan.send(b"hello")
+            chan.wait_stored(10)

@@ -226,6 +226,53 @@ def test_a_closed_stream_refuses_writes_and_says_it_ended() -> None:
     assert ended is not None and frames == []
 
 
+async def test_requests_written_from_many_threads_each_get_their_own_reply() -> None:
+    """``send_threadsafe`` writes from the caller's thread, not via the loop; the Reply
+    still settles the right future."""
+
+    async def echo(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        async for data in frames:
+            yield reply_to(data)
+
+    async def test(url: str) -> None:
+        async with RelayConnection(url, "token", b"agent") as conn:
+
+            def burst(n: int) -> list[int]:
+                futures = [conn.send_threadsafe(pb.Unsubscribe(channel="a/b/c")) for _ in range(n)]
+                return [f.result(timeout=30).request_id for f in futures]
+
+            ids = await asyncio.gather(*(asyncio.to_thread(burst, 300) for _ in range(8)))
+            flat = [i for batch in ids for i in batch]
+            assert sorted(flat) == list(range(1, 2401))
+            for batch in ids:  # each thread's frames left in its call order
+                assert batch == sorted(batch)
+
+    await relay_with(echo, test)
+
+
+async def test_a_request_written_from_a_thread_fails_when_the_stream_ends() -> None:
+    stop = asyncio.Event()
+
+    async def silent(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        await stop.wait()
+        await context.abort(grpc.StatusCode.UNAVAILABLE, "relay backend unavailable")
+        yield b""  # pragma: no cover
+
+    async def test(url: str) -> None:
+        conn = RelayConnection(url, "token", b"agent")
+        await conn.open()
+        future = await asyncio.to_thread(conn.send_threadsafe, pb.Unsubscribe(channel="a/b/c"))
+        stop.set()
+        with pytest.raises(StreamError) as raised:
+            await asyncio.wrap_future(future)
+        assert raised.value.status == Code.UNAVAILABLE
+        with pytest.raises(ConnectionError):
+            await asyncio.to_thread(conn.send_threadsafe, pb.Unsubscribe(channel="a/b/c"))
+        await conn.close()
+
+    await relay_with(silent, test)
+
+
 def test_the_client_does_not_import_pythons_grpc() -> None:
     """grpcio is the relay's; the client's stream is native. Importing grpc costs an
     agent ~21 MiB of RSS (docs/performance.md)."""
