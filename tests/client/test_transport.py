@@ -6,6 +6,8 @@ loop is never blocked, waiting requests fail with a clear error, and the stream 
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import socket
 import subprocess
 import sys
@@ -15,6 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from svc_sdk._native import RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -282,3 +288,78 @@ def test_the_client_does_not_import_pythons_grpc() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def certificate(names: list[str], *, expired: bool = False) -> tuple[bytes, bytes]:
+    """A self-signed CA certificate (as `openssl req -x509` makes) for ``names``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "svc transport test")])
+    now = datetime.datetime.now(datetime.UTC)
+    start, end = (
+        (now - datetime.timedelta(days=2), now - datetime.timedelta(days=1))
+        if (expired)
+        else (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1))
+    )
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address(n)) if n[0].isdigit() else x509.DNSName(n)
+        for n in names
+    ]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+@pytest.mark.parametrize(
+    ("names", "expired", "trusted"),
+    [
+        (["127.0.0.1"], False, True),
+        (["relay.example"], False, False),  # another name
+        (["127.0.0.1"], True, False),  # past its validity
+    ],
+)
+async def test_a_self_signed_certificate_in_the_ca_file_is_trusted_only_as_issued(
+    names: list[str], expired: bool, trusted: bool
+) -> None:
+    cert_pem, key_pem = certificate(names, expired=expired)
+
+    async def accept(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        await context.send_initial_metadata(())
+        async for data in frames:
+            yield reply_to(data)
+
+    server = grpc.aio.server()
+    handler = grpc.stream_stream_rpc_method_handler(accept)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("svc.relay.v1.Relay", {"Connect": handler}),)
+    )
+    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key_pem, cert_pem)]))
+    await server.start()
+    try:
+        url = f"https://127.0.0.1:{port}"
+        conn = RelayConnection(url, "token", b"agent", channel=RelayChannel(url, cert_pem))
+        if trusted:
+            await conn.open()
+            await conn.request(pb.Unsubscribe(channel="a/b/c"), timeout=10)
+            await conn.close()
+        else:
+            with pytest.raises(StreamError) as raised:
+                await conn.open()
+            assert raised.value.status == Code.UNAVAILABLE
+            assert "certificate" in raised.value.details.lower(), raised.value.details
+    finally:
+        await server.stop(None)
