@@ -35,7 +35,6 @@ from svc_sdk._relay_pb import relay_pb2 as pb
 
 log = logging.getLogger("svc_sdk.relay")
 
-METHOD = "/svc.relay.v1.Relay/Connect"
 
 #: What a client asks the relay: one of the messages of ``ClientFrame``'s ``kind`` oneof.
 #: (Written out for type checkers; tests/client/test_relay_client.py holds it to the oneof.)

@@ -32,23 +32,39 @@ pytestmark = pytest.mark.anyio
 Behaviour = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
 
 
-async def serve(behaviour: Behaviour) -> tuple[grpc.aio.Server, str]:
-    """A relay whose one stream does ``behaviour`` (raw frames in, raw frames out) after
-    accepting the stream, as the relay does, by sending its initial metadata."""
+async def serve(
+    behaviour: Behaviour | Callable[[AsyncIterator[bytes], Any], Awaitable[None]],
+    *,
+    accept: bool = True,
+    tls: tuple[bytes, bytes] | None = None,
+) -> tuple[grpc.aio.Server, int]:
+    """A relay on a free loopback port whose one stream does ``behaviour`` (raw frames in,
+    raw frames out); with ``accept``, after accepting the stream as the relay does, by
+    sending its initial metadata. ``tls`` is (certificate, key) in PEM."""
+    handler = behaviour
+    if accept:
 
-    async def accepted(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        await context.send_initial_metadata(())
-        async for frame in behaviour(frames, context):
-            yield frame
+        async def accepted(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+            await context.send_initial_metadata(())
+            async for frame in behaviour(frames, context):  # type: ignore[union-attr]
+                yield frame
 
-    handler = grpc.stream_stream_rpc_method_handler(accepted)
+        handler = accepted
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("svc.relay.v1.Relay", {"Connect": handler}),)
+        (
+            grpc.method_handlers_generic_handler(
+                "svc.relay.v1.Relay", {"Connect": grpc.stream_stream_rpc_method_handler(handler)}
+            ),
+        )
     )
-    port = server.add_insecure_port("127.0.0.1:0")
+    if tls is None:
+        port = server.add_insecure_port("127.0.0.1:0")
+    else:
+        cert, key = tls
+        port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key, cert)]))
     await server.start()
-    return server, f"http://127.0.0.1:{port}"
+    return server, port
 
 
 def reply_to(data: bytes) -> bytes:
@@ -56,19 +72,20 @@ def reply_to(data: bytes) -> bytes:
     return pb.ServerFrame(reply=pb.Reply(request_id=request.request_id)).SerializeToString()
 
 
+async def echo(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+    async for data in frames:
+        yield reply_to(data)
+
+
 async def relay_with(behaviour: Behaviour, test: Callable[[str], Awaitable[None]]) -> None:
-    server, url = await serve(behaviour)
+    server, port = await serve(behaviour)
     try:
-        await test(url)
+        await test(f"http://127.0.0.1:{port}")
     finally:
         await server.stop(None)
 
 
 async def test_a_well_behaved_stream_answers_requests_in_order() -> None:
-    async def echo(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        async for data in frames:
-            yield reply_to(data)
-
     async def test(url: str) -> None:
         async with RelayConnection(url, "token", b"agent") as conn:
             futures = [await conn.send(pb.Unsubscribe(channel=f"a/b/{i}")) for i in range(200)]
@@ -119,13 +136,7 @@ async def test_a_refusal_keeps_the_relays_status() -> None:
     async def refuse(frames: AsyncIterator[bytes], context: Any) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token expired")
 
-    server = grpc.aio.server()
-    handler = grpc.stream_stream_rpc_method_handler(refuse)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("svc.relay.v1.Relay", {"Connect": handler}),)
-    )
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
+    server, port = await serve(refuse, accept=False)
     try:
         conn = RelayConnection(f"127.0.0.1:{port}", "token", b"agent")
         try:  # refused before or after the headers, as the relay's timing has it
@@ -236,10 +247,6 @@ async def test_requests_written_from_many_threads_each_get_their_own_reply() -> 
     """``send_threadsafe`` writes from the caller's thread, not via the loop; the Reply
     still settles the right future."""
 
-    async def echo(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        async for data in frames:
-            yield reply_to(data)
-
     async def test(url: str) -> None:
         async with RelayConnection(url, "token", b"agent") as conn:
 
@@ -337,18 +344,7 @@ async def test_a_self_signed_certificate_in_the_ca_file_is_trusted_only_as_issue
 ) -> None:
     cert_pem, key_pem = certificate(names, expired=expired)
 
-    async def accept(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        await context.send_initial_metadata(())
-        async for data in frames:
-            yield reply_to(data)
-
-    server = grpc.aio.server()
-    handler = grpc.stream_stream_rpc_method_handler(accept)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("svc.relay.v1.Relay", {"Connect": handler}),)
-    )
-    port = server.add_secure_port("127.0.0.1:0", grpc.ssl_server_credentials([(key_pem, cert_pem)]))
-    await server.start()
+    server, port = await serve(echo, tls=(cert_pem, key_pem))
     try:
         url = f"https://127.0.0.1:{port}"
         conn = RelayConnection(url, "token", b"agent", channel=RelayChannel(url, cert_pem))
