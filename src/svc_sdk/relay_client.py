@@ -88,6 +88,20 @@ def is_tls(endpoint: str) -> bool:
     return endpoint.startswith(("https://", "grpcs://"))
 
 
+#: The largest frame the client writes; the native stream refuses more (MAX_SEND in
+#: native/src/transport.rs), and so does the relay.
+MAX_FRAME = 16 * 1024 * 1024
+
+
+def _encode(request: Request, request_id: int) -> bytes:
+    data: bytes = client_frame(request, request_id).SerializeToString()
+    if len(data) > MAX_FRAME:
+        # Refused here, not by the stream: a frame over the limit would end the stream,
+        # and the request would fail again on every reconnect.
+        raise ValueError(f"relay frame of {len(data):,} bytes is over the {MAX_FRAME:,} limit")
+    return data
+
+
 class Code(enum.IntEnum):
     """gRPC status codes: a stream's end, and a Reply's ``code``."""
 
@@ -280,7 +294,8 @@ class RelayConnection:
         Reply to it, whatever the Reply's code. The one place a request becomes a frame
         (:func:`client_frame`): the layers above (``Channel``, ``SvcClient``, ``RelayLink``)
         hand the message down as it is. Frames leave in call order. Raises TypeError for
-        a message that is not a request, and ConnectionError once the stream has ended;
+        a message that is not a request, ValueError for a frame over :data:`MAX_FRAME`,
+        and ConnectionError once the stream has ended;
         the future fails with the stream's error, or ConnectionError, if it ends first.
 
             >>> replied = await relay.send(pb.Subscribe(channel="acme/ns/svc", after_seq=0))
@@ -289,7 +304,7 @@ class RelayConnection:
             (0, 12)
         """
         request_id = next(self._ids)
-        data = client_frame(request, request_id).SerializeToString()
+        data = _encode(request, request_id)
         stream = self._stream
         if stream is None or not stream.write(data):
             raise ConnectionError("relay stream closed")
@@ -306,7 +321,7 @@ class RelayConnection:
             >>> reply = relay.send_threadsafe(pb.Publish(...)).result(timeout=30)
         """
         request_id = next(self._ids)
-        data = client_frame(request, request_id).SerializeToString()
+        data = _encode(request, request_id)
         future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
         # Registered before the write: the Reply may be read before write() returns.
         self._pending[request_id] = future

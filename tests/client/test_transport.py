@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 from svc_sdk._native import RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import TransportError
-from svc_sdk.relay_client import Code, RelayConnection, StreamError
+from svc_sdk.relay_client import MAX_FRAME, Code, RelayConnection, StreamError
 
 pytestmark = pytest.mark.anyio
 
@@ -359,3 +359,17 @@ async def test_a_self_signed_certificate_in_the_ca_file_is_trusted_only_as_issue
             assert "certificate" in raised.value.details.lower(), raised.value.details
     finally:
         await server.stop(None)
+
+
+async def test_a_frame_over_the_limit_is_refused_and_the_stream_goes_on() -> None:
+    async def test(url: str) -> None:
+        async with RelayConnection(url, "token", b"agent") as conn:
+            huge = pb.Publish(channel="a/b/c", message=[b"x" * MAX_FRAME], message_id=[b"1"])
+            with pytest.raises(ValueError, match="over the"):
+                await conn.send(huge)
+            with pytest.raises(ValueError, match="over the"):
+                await asyncio.to_thread(conn.send_threadsafe, huge)
+            reply = await conn.request(pb.Unsubscribe(channel="a/b/c"), timeout=10)
+            assert reply.code == 0 and not conn._pending
+
+    await relay_with(echo, test)
