@@ -160,6 +160,9 @@ class Subscription:
         self.last = after
         self.catching_up = True
         self.held: list[tuple[Entry, Encoded]] = []
+        # Live entries were dropped from ``held`` during catch-up: the log still has them
+        # (an entry is stored before it is fanned out), so catch-up must read on.
+        self.held_dropped = False
         self.active = True
         # The client's number for this subscription, echoed in each of its deliveries.
         self.subscription = subscription
@@ -181,11 +184,19 @@ class Subscription:
 
     def offer_live(self, entry: Entry, item: Encoded) -> None:
         if self.catching_up:
+            if len(self.held) >= self.outbox.limit:
+                # Not a lag: the entries are in the log, and catch-up reads them there.
+                # (A Redis follower replays the log from the cursor as live entries.)
+                self.held.clear()
+                self.held_dropped = True
             self.held.append((entry, item))
-            if len(self.held) > self.outbox.limit:
-                self.lag()
         else:
             self.deliver(entry, item)
+
+    def take_held_dropped(self) -> bool:
+        """Whether held entries were dropped since the last call (catch-up reads on)."""
+        dropped, self.held_dropped = self.held_dropped, False
+        return dropped
 
     def go_live(self) -> None:
         self.catching_up = False

@@ -77,6 +77,10 @@ class StreamSession:
         # account's agents can never receive as, or speak as, another account's.
         self.member = claims.account_id.bytes + identity
         self.outbox = Outbox(relay.settings.subscriber_buffer)
+        # A page goes out once the stream's queue is under half full, so it must fit in
+        # the other half: a larger one would make every long catch-up lag, forever.
+        limit = relay.settings.subscriber_buffer
+        self.page = min(CATCH_UP_PAGE, limit - limit // 2)
         self.subscriptions: dict[str, Subscription] = {}
         # Channels this stream may use, with when that was last checked.
         self.allowed: dict[str, float] = {}
@@ -426,7 +430,7 @@ class StreamSession:
         try:
             head, epoch = await self.relay.store.head(req.channel)
             # Fails now, not later, if the cursor fell behind retention.
-            first = await self.relay.store.read(req.channel, req.after_seq, CATCH_UP_PAGE)
+            first = await self.relay.store.read(req.channel, req.after_seq, self.page)
         except CursorExpired as exc:
             self._drop(sub)
             raise RequestError(EXPIRED_CURSOR, str(exc)) from None
@@ -439,10 +443,11 @@ class StreamSession:
             while True:
                 for entry in page:
                     sub.deliver(entry)
-                if len(page) < CATCH_UP_PAGE or not sub.active:
+                # Checked after the read: entries dropped while it ran are read next.
+                if not sub.active or (len(page) < self.page and not sub.take_held_dropped()):
                     break
                 await self.outbox.wait_for_room()
-                page = await self.relay.store.read(sub.channel, sub.last, CATCH_UP_PAGE)
+                page = await self.relay.store.read(sub.channel, sub.last, self.page)
             sub.go_live()
         except CursorExpired:
             sub.lag()

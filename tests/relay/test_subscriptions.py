@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,9 +14,9 @@ from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.relay_client import RelayConnection
 from svc_server.relay.hub import deliveries_frame, encode_item, frame_item, subscription_tail
 from svc_server.relay.store import Entry
-from svc_server.stack import Stack
+from svc_server.stack import Stack, start_stack, stop_stack
 
-from .conftest import Account, connect
+from .conftest import Account, connect, new_account
 from .helpers import create_channel, raw_stream
 from .test_relay import CHANNEL, INVALID, engine_group_message
 
@@ -123,3 +124,39 @@ def test_a_frame_decodes_to_the_deliveries_it_was_built_from() -> None:
         (e.seq, e.sender, e.handshake, e.epoch, e.message, sub)
         for e, sub in zip(entries, (0, 5, MAX_U64), strict=True)
     ]
+
+
+async def test_a_catch_up_longer_than_the_buffer_comes_in_pages_that_fit(
+    make_relay_settings: Any, tmp_path: Path
+) -> None:
+    """A subscriber buffer smaller than the catch-up page (512) must not make every long
+    catch-up lag: the reader would resubscribe from its cursor and lag again, forever."""
+    stack = await start_stack(make_relay_settings(subscriber_buffer=100), api_port=0, relay_port=0)
+    try:
+        account = await new_account(stack.api_url, "catch-up@example.com")
+        sender = await connect(stack, account, b"sender")
+        await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
+        for _ in range(4):
+            await publish(sender, stack, 250)
+        kinds: list[str] = []
+        seqs: list[int] = []
+        done = asyncio.Event()
+
+        def on_frame(frame: pb.ServerFrame) -> None:
+            kinds.append(str(frame.WhichOneof("kind")))
+            seqs.extend(d.seq for d in frame.deliveries.items)
+            if len(seqs) >= 1000 or "lagged" in kinds:
+                done.set()
+
+        reader = RelayConnection(
+            stack.relay_url, await account.token(), b"reader", on_frame=on_frame
+        )
+        await reader.open()
+        await reader.request(pb.Subscribe(channel=CHANNEL, after_seq=0, subscription=1))
+        await asyncio.wait_for(done.wait(), 30)
+        assert "lagged" not in kinds
+        assert seqs == list(range(1, 1001))
+        await reader.close()
+        await sender.close()
+    finally:
+        await stop_stack(stack)
