@@ -1,4 +1,4 @@
-//! PyO3 bindings of the relay transport (`transport.rs`): `RelayChannel`, one HTTP/2
+//! PyO3 bindings of the relay transport (`transport/`): `RelayChannel`, one HTTP/2
 //! connection, and `RelayStream`, one relay protocol stream on it. `svc_sdk.relay_client`
 //! drives them from an asyncio loop: it watches `fileno()` with `add_reader` and drains.
 

@@ -89,7 +89,7 @@ def is_tls(endpoint: str) -> bool:
 
 
 #: The largest frame the client writes; the native stream refuses more (MAX_SEND in
-#: native/src/transport.rs), and so does the relay.
+#: native/src/transport/), and so does the relay.
 MAX_FRAME = 16 * 1024 * 1024
 
 
