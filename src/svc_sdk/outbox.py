@@ -60,6 +60,9 @@ OUTBOX_MESSAGES = 10_000
 OUTBOX_BYTES = 16 * 1024 * 1024  # payload; memory holds it and its ciphertext
 #: Publish frames in flight per channel.
 WINDOW = 8
+# How often a caller of wait() looks again without being woken: a safety net only, every
+# change it waits for wakes it.
+POLL_SECONDS = 0.5
 MAX_FRAME_MESSAGES = 1024  # the relay's MAX_PUBLISH_BATCH
 # The relay accepts frames up to its message limit plus 64 KiB (1 MiB + 64 KiB by
 # default); a frame stays under the message limit itself.
@@ -234,7 +237,7 @@ class Outbox:
                         f"channel {self._channel.name!r}: {len(self._entries)} messages not "
                         "acknowledged by the relay in time (they stay in the outbox)"
                     )
-                self._cond.wait(0.5 if remaining is None else min(remaining, 0.5))
+                self._cond.wait(POLL_SECONDS if remaining is None else min(remaining, POLL_SECONDS))
             error, self._deferred = self._deferred, None
             stopped = self._stopped and self._done_through < through
         if error is not None:
@@ -303,7 +306,11 @@ class Outbox:
                     self._cond.wait(0.5)
                 if self._stopped:
                     return
-                self._collect()
+                if self._collect():
+                    # Callers of wait() woke at the Reply, before this moved
+                    # _done_through: without a wake-up now they would sleep out their
+                    # poll (0.5 s per send_batch).
+                    self._notify()
                 due = self._done_through > self._retired and (
                     idle or self._done_through - self._retired >= RETIRE_EVERY
                 )

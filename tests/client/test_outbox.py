@@ -255,3 +255,19 @@ def test_sending_stays_ordered_across_reconnects(stack: LocalStack, ids: Any) ->
         with pytest.raises(TransportError, match="connection lost before sending"):
             stale.result(10)
         assert chan_b.next_message(0.3) is None
+
+
+def test_a_waiting_sender_is_woken_when_its_messages_are_stored(
+    stack: LocalStack, ids: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``send_batch`` (and ``wait_stored``) must be woken by the pump once the Reply is
+    taken, not find out at its next poll: with the poll an hour away, a missed wake-up
+    hangs the sender until the client's timeout."""
+    monkeypatch.setattr(outbox, "POLL_SECONDS", 3600.0)
+    with client(stack, ids("a"), timeout=10) as ca:
+        chan = ca.create_channel(f"acme/tests/outbox-wake-{time.monotonic_ns()}")
+        for _ in range(40):
+            chan.send_batch([b"x" * 256] * 256)
+        chan.send(b"last")
+        chan.wait_stored(30)
+        assert chan.unsent == 0
