@@ -66,6 +66,23 @@ class Member:
         self.cursor = reply.seq
         return reply
 
+    async def refused(self, channel: str, key_packages: list[bytes]) -> pb.Reply:
+        """Commits adding ``key_packages`` expecting a refusal: the relay's Reply, with
+        the pending commit cleared."""
+        assert self.group is not None
+        pending = self.group.add_members(key_packages)
+        reply = await self.conn.request(
+            pb.Commit(
+                channel=channel,
+                epoch=pending.epoch,
+                commit=pending.commit,
+                welcome=pending.welcome or b"",
+            ),
+            check=False,
+        )
+        self.group.clear_pending_commit()
+        return reply
+
     async def join(self, channel: str) -> None:
         welcome = await asyncio.wait_for(self.conn.welcomes.get(), 10)
         assert welcome.channel == channel

@@ -353,19 +353,9 @@ async def test_a_removed_admins_invites_let_nobody_in(
         await late.conn.close()
     # Eve's join request, posted while mallory was an admin, is still in the log: an
     # owner's client that reads it now must not be able to add her with it.
-    pending = alice.group.add_members([eve_kp])
-    reply = await alice.conn.request(
-        pb.Commit(
-            channel=CHANNEL,
-            epoch=pending.epoch,
-            commit=pending.commit,
-            welcome=pending.welcome or b"",
-        ),
-        check=False,
-    )
+    reply = await alice.refused(CHANNEL, [eve_kp])
     assert reply.code == DENIED, reply
     assert "invite" in reply.message, reply.message
-    alice.group.clear_pending_commit()
     # Nor does her redemption keep her account in the channel.
     assert (await eve.conn.request(join, check=False)).code == DENIED
     assert (await eve.conn.request(pb.Subscribe(channel=CHANNEL), check=False)).code == DENIED
@@ -399,19 +389,9 @@ async def test_a_key_package_the_channel_used_is_refused(
     # again from the store (another relay process, or a restart).
     for kps in ([used], [carol.engine.generate_key_package(), used]):
         stack.relay.relay.groups.evict(CHANNEL)
-        pending = alice.group.add_members(kps)
-        reply = await alice.conn.request(
-            pb.Commit(
-                channel=CHANNEL,
-                epoch=pending.epoch,
-                commit=pending.commit,
-                welcome=pending.welcome or b"",
-            ),
-            check=False,
-        )
+        reply = await alice.refused(CHANNEL, kps)
         assert reply.code == INVALID, reply
         assert "key package" in reply.message and "used" in reply.message, reply.message
-        alice.group.clear_pending_commit()
     assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
     assert alice.group.epoch == epoch
     # The channel goes on, and bob's fresh key package adds him again.
@@ -480,17 +460,7 @@ async def test_a_used_key_package_under_another_signature_encoding_is_refused(
     await alice.commit(CHANNEL, alice.group.remove_members([bob.member_id]))
     copy = malleated(used)
     assert inspect(copy).key_package_ref != inspect(used).key_package_ref
-    pending = alice.group.add_members([copy])  # a valid key package to the engine
-    reply = await alice.conn.request(
-        pb.Commit(
-            channel=CHANNEL,
-            epoch=pending.epoch,
-            commit=pending.commit,
-            welcome=pending.welcome or b"",
-        ),
-        check=False,
-    )
+    reply = await alice.refused(CHANNEL, [copy])  # a valid key package to the engine
     assert reply.code == INVALID, reply
     assert "used in this channel before" in reply.message, reply.message
-    alice.group.clear_pending_commit()
     await close(alice, bob)
