@@ -86,6 +86,8 @@ CREATE TABLE IF NOT EXISTS groups (
 
 # The most a write may carry to be committed on the event loop (see _enqueue).
 INLINE_MAX_BYTES = 64 * 1024
+# Message ids looked up per query: under SQLite's oldest limit of 999 bound parameters.
+ID_LOOKUP_CHUNK = 500
 
 Op = Callable[[sqlite3.Connection], tuple[Any, list[Entry], list[WelcomeEntry]]]
 # A request's future and its result or error.
@@ -286,12 +288,14 @@ class SqliteLogStore:
             # Ids this sender stored already: answered with the original seq, before (and
             # whatever) the epoch check, in the same transaction as the append.
             known: dict[bytes, int] = {}
-            if ids:
-                select = "SELECT seq FROM message_ids WHERE channel = ? AND sender = ? AND id = ?"
-                for message_id in ids:
-                    row = conn.execute(select, (channel, sender, message_id)).fetchone()
-                    if row is not None:
-                        known[message_id] = row[0]
+            for start in range(0, len(ids), ID_LOOKUP_CHUNK):
+                chunk = ids[start : start + ID_LOOKUP_CHUNK]
+                marks = ",".join("?" * len(chunk))  # placeholders only: every value is bound
+                select = (
+                    "SELECT id, seq FROM message_ids WHERE channel = ? AND sender = ? "  # noqa: S608
+                    f"AND id IN ({marks})"
+                )
+                known.update(conn.execute(select, (channel, sender, *chunk)).fetchall())
             fresh: list[int] = []
             seen: set[bytes] = set()
             for i in range(len(messages)):
@@ -317,6 +321,7 @@ class SqliteLogStore:
                 )
             result: list[Entry] = []
             new = iter(stored)
+            id_rows = []
             for i, (message, epoch) in enumerate(messages):
                 if ids and ids[i] in known:
                     result.append(Entry(channel, known[ids[i]], sender, False, epoch, message, now))
@@ -326,10 +331,11 @@ class SqliteLogStore:
                 if ids:
                     # A repeated id inside one frame is stored once, like a resend.
                     known[ids[i]] = entry.seq
-                    conn.execute(
-                        "INSERT OR IGNORE INTO message_ids VALUES (?, ?, ?, ?, ?)",
-                        (channel, sender, ids[i], entry.seq, now),
-                    )
+                    id_rows.append((channel, sender, ids[i], entry.seq, now))
+            if id_rows:
+                conn.executemany(
+                    "INSERT OR IGNORE INTO message_ids VALUES (?, ?, ?, ?, ?)", id_rows
+                )
             return result, stored, []
 
         return self._enqueue(op, sum(len(m) for m, _ in messages))

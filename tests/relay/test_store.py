@@ -320,3 +320,15 @@ async def test_a_repeated_message_id_is_stored_once_with_its_original_seq(store:
     assert stored == [(1, b"m1"), (2, b"m2"), (3, b"m3"), (4, b"c"), (5, b"x"), (6, b"m4")]
     plain = await store.append_many("a/b/c", b"s", [(b"m5", 1)])  # no ids: no dedupe
     assert [e.seq for e in plain] == [7]
+
+
+async def test_repeats_are_found_in_a_full_frame_of_ids(store: LogStore) -> None:
+    """A full Publish (1,024 messages) where every other id was stored before: each
+    repeat, wherever it falls in the frame, keeps its seq and the rest follow in order."""
+    ids = [f"id{i}".encode() for i in range(1024)]
+    first = await store.append_many("a/b/c", b"s", [(b"m", 0)] * 512, ids[::2])
+    assert [e.seq for e in first] == list(range(1, 513))
+    frame = await store.append_many("a/b/c", b"s", [(b"n", 0)] * 1024, ids)
+    assert [e.seq for e in frame[::2]] == list(range(1, 513)), "repeats keep their seq"
+    assert [e.seq for e in frame[1::2]] == list(range(513, 1025)), "new ones follow in order"
+    assert await store.head("a/b/c") == (1024, 0)
