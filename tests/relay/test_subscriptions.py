@@ -106,13 +106,15 @@ async def test_a_subscription_id_out_of_range_is_a_malformed_frame(
 
 
 def test_a_frame_decodes_to_the_deliveries_it_was_built_from() -> None:
+    # Sizes repeat (headers are cached by size) under tails of every length.
     entries = [
-        Entry(CHANNEL, seq, b"s" * seq, seq % 2 == 0, seq, b"m" * (seq * 100), 0.0)
-        for seq in (1, 2, 200)
+        Entry(CHANNEL, seq, b"s" * 3, seq % 2 == 0, seq, b"m" * size, 0.0)
+        for seq, size in ((1, 100), (2, 200), (3, 100), (4, 20000), (5, 100), (6, 20000))
     ]
+    subs = (0, 5, MAX_U64, 0, 300, MAX_U64)
     pieces = [
         piece
-        for e, sub in zip(entries, (0, 5, MAX_U64), strict=True)
+        for e, sub in zip(entries, subs, strict=True)
         for piece in frame_item(encode_item(e), subscription_tail(sub))
     ]
     frame = pb.ServerFrame.FromString(deliveries_frame(pieces))
@@ -122,7 +124,7 @@ def test_a_frame_decodes_to_the_deliveries_it_was_built_from() -> None:
     ]
     assert got == [
         (e.seq, e.sender, e.handshake, e.epoch, e.message, sub)
-        for e, sub in zip(entries, (0, 5, MAX_U64), strict=True)
+        for e, sub in zip(entries, subs, strict=True)
     ]
 
 
