@@ -57,7 +57,7 @@ UNAVAILABLE = Code.UNAVAILABLE
 #: How many messages, and payload bytes, may wait in one channel's outbox; ``send()``
 #: blocks (up to the client's timeout) while it is full.
 OUTBOX_MESSAGES = 10_000
-OUTBOX_BYTES = 16 * 1024 * 1024  # payload; memory holds it and its ciphertext
+OUTBOX_BYTES = 16 * 1024 * 1024  # payload; memory holds the ciphertexts only
 #: Publish frames in flight per channel.
 WINDOW = 8
 # How often a caller of wait() looks again without being woken: a safety net only, every
@@ -81,7 +81,10 @@ class Entry:
     pos: int
     id: bytes
     epoch: int
-    payload: bytes
+    #: The payload's length: the payload itself is needed only to re-encrypt after a
+    #: stale refusal, and is read back from the outbox rows then, so memory holds one
+    #: copy of each message, not two.
+    size: int
     ciphertext: bytes
     #: Ciphertext bytes queued through this entry since the outbox opened: how much waits
     #: after an entry is a subtraction, not a walk (an estimate once re-encrypted).
@@ -93,8 +96,10 @@ class Outbox:
         self._channel = channel
         self._cond = threading.Condition()
         rows = channel._group.outbox()
-        self._entries: deque[Entry] = deque(Entry(*row) for row in rows)
-        self._bytes = sum(len(e.payload) for e in self._entries)
+        self._entries: deque[Entry] = deque(
+            Entry(pos, mid, epoch, len(payload), ct) for pos, mid, epoch, payload, ct in rows
+        )
+        self._bytes = sum(e.size for e in self._entries)
         self._marked = 0  # ciphertext bytes queued since the outbox opened
         for entry in self._entries:
             self._marked += len(entry.ciphertext)
@@ -207,7 +212,7 @@ class Outbox:
         with self._cond:
             for (pos, mid, payload), ct in zip(queued, ciphertexts, strict=True):
                 self._marked += len(ct)
-                self._entries.append(Entry(pos, mid, epoch, payload, ct, self._marked))
+                self._entries.append(Entry(pos, mid, epoch, len(payload), ct, self._marked))
             self._bytes += sum(len(p) for p in payloads)
             if self._thread is not None and not self._stopped and link.connected:
                 # The fast path: sent from here, without waking the pump (a GIL hand-off
@@ -352,7 +357,7 @@ class Outbox:
             if error is None and self._halted is None:
                 for _ in range(count):
                     entry = self._entries.popleft()
-                    self._bytes -= len(entry.payload)
+                    self._bytes -= entry.size
                     retired = entry.pos
                 self._sent -= count
                 self._done_through = retired
@@ -477,8 +482,14 @@ class Outbox:
                 entries = list(self._entries)
             if not entries:
                 return
+            # Every entry's row is on disk: rows go only once acknowledged, and nothing is
+            # acknowledged while this runs (every frame has settled).
+            payloads = {row[0]: row[3] for row in channel._group.outbox()}
+            missing = [e.pos for e in entries if e.pos not in payloads]
+            if missing:
+                raise InternalError(f"outbox rows {missing[:5]} are missing from the state")
             current, ciphertexts = channel._group.encrypt_queued(
-                [(e.pos, e.id, e.payload) for e in entries]
+                [(e.pos, e.id, payloads[e.pos]) for e in entries]
             )
             for entry, ct in zip(entries, ciphertexts, strict=True):
                 entry.epoch, entry.ciphertext = current, ct
