@@ -185,7 +185,7 @@ class Deliveries:
             nonlocal received, stored
             if stored:
                 with channel._cond:
-                    inbox.messages.extend(received[:stored])
+                    inbox.add(received[:stored])
                     channel._notify()
                 received, stored = received[stored:], 0
 
@@ -220,7 +220,8 @@ class Deliveries:
         handed: list[Message] = []
         if reader is not None and len(received) > stored:
             with channel._cond:
-                if not any(reader(m) for m in inbox.messages):
+                # Not past messages that wait on disk: the reader gets those first.
+                if not inbox.spilled and not any(reader(m) for m in inbox.messages):
                     kept = received[:stored]
                     for message in received[stored:]:
                         if reader(message) and (limit is None or len(handed) < limit):
@@ -236,7 +237,7 @@ class Deliveries:
         progress.durable = len(items)
         inbox.cursor = cursor
         with channel._cond:
-            inbox.messages.extend(received)
+            inbox.add(received)
             if received:
                 channel._notify()
         if removed:

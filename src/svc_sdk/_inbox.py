@@ -5,10 +5,14 @@ The cursor (the last sequence number handled) is written with inbox rows, and ot
 when the reader is idle or after CONSUMED_FLUSH_SECONDS: if a crash loses that last write,
 the relay sends those messages again, their keys are already used, and the engine skips
 them. Nothing is lost and nothing is handed out twice.
+
+Memory holds the oldest unread messages up to MEMORY_MESSAGES / MEMORY_BYTES; the newer
+ones are on disk only and are read back in order as readers take the older ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
@@ -26,6 +30,13 @@ log = logging.getLogger("svc_sdk.channel")  # one logger for all of a channel's 
 
 CONSUMED_FLUSH = 256
 CONSUMED_FLUSH_SECONDS = 0.1
+# How much of the inbox memory holds: every stored message is on disk, so past this the
+# newer ones stay there only and are read back, in order, as readers take the older
+# ones. An agent that sends but reads slowly (each send processes what arrived, to
+# encrypt in the newest epoch) or a flood from another member costs disk, not memory.
+MEMORY_MESSAGES = 4096
+MEMORY_BYTES = 16 * 1024 * 1024
+FILTERED_PAGE = 256
 
 
 class StorageFaults:
@@ -75,9 +86,15 @@ class Inbox:
         self._client = client
         self._name = name
         self._faults = faults
-        self.messages: deque[Message] = deque(
-            Message(name, seq, AgentId.from_member_id(sender), data) for seq, sender, data in rows
-        )
+        # The oldest unread messages, in channel order; when ``spilled``, newer stored
+        # ones wait on disk only, every one after ``loaded_through``.
+        self.messages: deque[Message] = deque()
+        self.spilled = False
+        self.loaded_through = 0
+        self._bytes = 0
+        self._add_rows(rows)
+        if len(rows) >= MEMORY_MESSAGES:
+            self.spilled = True  # the caller loads one memory's worth; more may follow
         # Handled through here (each message stored, handed out or skipped), and the part
         # of that on disk; see the module docstring.
         self.cursor = cursor
@@ -86,18 +103,75 @@ class Inbox:
         self.unflushed: list[int] = []
         self.flushed_at = time.monotonic()
 
+    def add(self, messages: list[Message], bounded: bool = True) -> None:
+        """Buffers stored messages (newer than any buffered), as far as memory's bound
+        allows (``bounded``); the rest wait on disk."""
+        for message in messages:
+            if message.seq <= self.loaded_through:
+                continue  # read back from disk already (stored, then added here)
+            if self.spilled or (bounded and self._over()):
+                self.spilled = True
+                return
+            self.messages.append(message)
+            self._bytes += len(message.data)
+            self.loaded_through = message.seq
+
+    def unread(self) -> int:
+        """Messages waiting to be read, in memory and on disk."""
+        on_disk = 0
+        if self.spilled:
+            with contextlib.suppress(sqlite3.Error, OSError, InternalError):
+                on_disk = self._client.state.inbox_count(self._name, self.loaded_through)
+        return len(self.messages) + on_disk
+
+    def _over(self) -> bool:
+        return len(self.messages) >= MEMORY_MESSAGES or self._bytes >= MEMORY_BYTES
+
+    def _add_rows(self, rows: list[tuple[int, bytes, bytes]], bounded: bool = True) -> None:
+        messages = [Message(self._name, s, AgentId.from_member_id(f), d) for s, f, d in rows]
+        self.add(messages, bounded)
+
+    def _read_back(self, filtered: bool) -> bool:
+        """Moves the next stored messages from disk into memory; whether any came. A
+        filtered read takes a page even past the bound: what its filter leaves unread
+        stays in memory, and it must see what comes after."""
+        if not self.spilled or (not filtered and self._over()):
+            return False
+        room = FILTERED_PAGE if filtered else MEMORY_MESSAGES - len(self.messages)
+        try:
+            rows = self._client.state.inbox(self._name, self.loaded_through, room)
+        except (sqlite3.Error, OSError, InternalError) as exc:
+            log.warning("channel %s: could not read the inbox back: %s", self._name, exc)
+            return False
+        self.spilled = False  # add() sets it again if memory fills before the page ends
+        self._add_rows(rows, bounded=not filtered)
+        if len(rows) == room:
+            self.spilled = True  # there may be more
+        return bool(rows)
+
     def pop(self, accept: Accept | None, limit: int | None) -> list[Message]:
         """Takes up to ``limit`` buffered messages that ``accept`` wants, in order."""
+        if len(self.messages) < MEMORY_MESSAGES // 2:
+            self._read_back(filtered=False)
+        taken = self._pop(accept, limit)
+        while accept is not None and not taken and self._read_back(filtered=True):
+            taken = self._pop(accept, limit)
+        return taken
+
+    def _pop(self, accept: Accept | None, limit: int | None) -> list[Message]:
         plain = self.messages
         if accept is None:
             count = len(plain) if limit is None else min(limit, len(plain))
-            return [plain.popleft() for _ in range(count)]
+            head = [plain.popleft() for _ in range(count)]
+            self._bytes -= sum(len(m.data) for m in head)
+            return head
         taken: list[Message] = []
         kept: list[Message] = []
         while plain and (limit is None or len(taken) < limit):
             message = plain.popleft()
             (taken if accept(message) else kept).append(message)
         plain.extendleft(reversed(kept))
+        self._bytes -= sum(len(m.data) for m in taken)
         return taken
 
     def mark_consumed(self, taken: list[Message], stored: bool = True) -> None:

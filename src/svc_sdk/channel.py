@@ -296,7 +296,7 @@ class Channel:
     def _pending_count(self) -> int:
         """Decrypted messages waiting to be read."""
         with self._cond:
-            return len(self._inbox.messages)
+            return self._inbox.unread()
 
     def health(self) -> ChannelHealth:
         """Whether this channel stores what it receives, and what waits: a standing
@@ -308,7 +308,7 @@ class Channel:
         """
         fault = self._faults.current
         with self._cond:
-            backlog, unread, closed = len(self._raw), len(self._inbox.messages), self._closed
+            backlog, unread, closed = len(self._raw), self._inbox.unread(), self._closed
         return ChannelHealth(
             name=self.name,
             storage_error=None if fault is None else str(fault),

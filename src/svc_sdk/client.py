@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from svc_sdk import _inbox
 from svc_sdk._native import Engine
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
@@ -245,7 +246,8 @@ class SvcClient:
             raise relay_error(exc, channel) from None
 
     def _register(self, name: str, group: Any, cursor: int, joined_epoch: int) -> Channel:
-        channel = Channel(self, name, group, cursor, joined_epoch, self.state.inbox(name))
+        inbox = self.state.inbox(name, limit=_inbox.MEMORY_MESSAGES)
+        channel = Channel(self, name, group, cursor, joined_epoch, inbox)
         with self._lock:
             self._channels[name] = channel
         try:

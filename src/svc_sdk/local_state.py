@@ -96,15 +96,28 @@ class LocalState:
                 "UPDATE channels SET cursor = MAX(cursor, ?) WHERE name = ?", (cursor, name)
             )
 
-    def inbox(self, name: str) -> list[tuple[int, bytes, bytes]]:
+    def inbox(
+        self, name: str, after: int = 0, limit: int | None = None
+    ) -> list[tuple[int, bytes, bytes]]:
+        """(seq, sender, payload) of stored messages after ``after``, in order, at most
+        ``limit`` of them."""
         with self._lock:
             return [
                 (seq, bytes(sender), bytes(payload))
                 for seq, sender, payload in self._db.execute(
-                    "SELECT seq, sender, payload FROM inbox WHERE channel = ? ORDER BY seq",
-                    (name,),
+                    "SELECT seq, sender, payload FROM inbox WHERE channel = ? AND seq > ? "
+                    "ORDER BY seq LIMIT ?",
+                    (name, after, -1 if limit is None else limit),
                 )
             ]
+
+    def inbox_count(self, name: str, after: int = 0) -> int:
+        """How many stored messages come after ``after``."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT count(*) FROM inbox WHERE channel = ? AND seq > ?", (name, after)
+            ).fetchone()
+            return int(row[0])
 
     def consumed(
         self, name: str, through_seq: int, extra: Iterable[int] = (), cursor: int = 0
