@@ -59,12 +59,15 @@ pub struct GroupHandle {
     group_id: Vec<u8>,
     client: MlsClient,
     agent: Arc<Agent>,
-    // None once this agent has been removed or the group was deleted.
+    // None once this agent has been removed or the group was deleted, or (`unloaded`)
+    // until the stored state can be read back after a failed change.
     state: Mutex<Option<MlsGroup>>,
     // Messages processed with `save: false` and not written yet. Read and changed only
     // under `state`'s lock; every other change writes these first, so that an operation
     // that fails and reloads the stored state never loses them.
     unsaved: AtomicBool,
+    // `state` is None because reading the stored state back failed, not for removal.
+    unloaded: AtomicBool,
 }
 
 /// A member's id, `account || identity`, from the credential mls-rs validated.
@@ -181,6 +184,7 @@ impl GroupHandle {
             agent,
             state: Mutex::new(Some(group)),
             unsaved: AtomicBool::new(false),
+            unloaded: AtomicBool::new(false),
         }
     }
 
@@ -230,26 +234,48 @@ impl GroupHandle {
     }
 
     pub(crate) fn is_removed(&self) -> bool {
-        self.lock().is_none()
+        self.lock().is_none() && !self.unloaded.load(Ordering::Relaxed)
     }
 
     pub(crate) fn mark_removed(&self) {
         *self.lock() = None;
+        self.unloaded.store(false, Ordering::Relaxed);
+    }
+
+    /// After a failed change the stored state could not be read back (an I/O error):
+    /// the in-memory state may be half-applied, so it goes, and the next use reads the
+    /// stored state again (see [`Self::live`]) instead of calling the agent removed.
+    fn unload(&self, guard: &mut Option<MlsGroup>) {
+        *guard = None;
+        self.unloaded.store(true, Ordering::Relaxed);
+    }
+
+    /// The live group, read back from storage first if an earlier read-back failed.
+    fn live<'a>(&self, guard: &'a mut Option<MlsGroup>) -> Result<&'a mut MlsGroup> {
+        if guard.is_none() && self.unloaded.load(Ordering::Relaxed) {
+            let stored = self
+                .client
+                .load_group(&self.group_id)
+                .map_err(|e| EngineError::Storage(format!("reading the group's stored state: {e}")))?;
+            *guard = Some(stored);
+            self.unloaded.store(false, Ordering::Relaxed);
+            self.unsaved.store(false, Ordering::Relaxed);
+        }
+        guard.as_mut().ok_or(EngineError::Removed)
     }
 
     /// Runs `op` on the live group. If it fails, the in-memory state is replaced by the
     /// last stored state, so a bad message can never leave half-applied changes behind.
     fn mutate<T>(&self, op: impl FnOnce(&mut MlsGroup) -> Result<T>) -> Result<T> {
         let mut guard = self.lock();
-        let group = guard.as_mut().ok_or(EngineError::Removed)?;
+        let group = self.live(&mut guard)?;
         self.write_unsaved(group)?;
         match op(group) {
             Ok(v) => Ok(v),
             Err(e) => {
                 match self.client.load_group(&self.group_id) {
                     Ok(stored) => *group = stored,
-                    // Nothing stored any more: the group cannot be used safely.
-                    Err(_) => *guard = None,
+                    Err(_) => self.unload(&mut guard),
                 }
                 Err(e)
             }
@@ -257,7 +283,8 @@ impl GroupHandle {
     }
 
     fn read<T>(&self, op: impl FnOnce(&MlsGroup) -> T) -> Result<T> {
-        self.lock().as_ref().map(op).ok_or(EngineError::Removed)
+        let mut guard = self.lock();
+        Ok(op(self.live(&mut guard)?))
     }
 
     pub fn epoch(&self) -> Result<u64> {
@@ -368,14 +395,17 @@ impl GroupHandle {
     /// crash in between leaves them decryptable again instead of lost.
     pub fn process_batch(&self, messages: &[&[u8]], save: bool) -> Vec<Result<Received>> {
         let mut guard = self.lock();
-        if let Some(group) = guard.as_mut() {
-            if let Err(e) = self.write_unsaved(group) {
-                let err = e.to_string();
-                return messages
-                    .iter()
-                    .map(|_| Err(EngineError::Storage(err.clone())))
-                    .collect();
-            }
+        let ready = match self.live(&mut guard) {
+            Ok(group) => self.write_unsaved(group),
+            Err(EngineError::Removed) => Ok(()), // each message gets Removed below
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ready {
+            let err = e.to_string();
+            return messages
+                .iter()
+                .map(|_| Err(EngineError::Storage(err.clone())))
+                .collect();
         }
         let mut results: Vec<Result<Received>> = Vec::with_capacity(messages.len());
         // Indices applied since the stored state was written: replayed if a later one fails.
@@ -404,8 +434,8 @@ impl GroupHandle {
                 Err(e) => {
                     results.push(Err(e));
                     if let Err(fatal) = self.restore(group, messages, &unsaved, save) {
-                        // The stored state cannot be reached: stop using this group.
-                        *guard = None;
+                        // The stored state cannot be reached now: read it on next use.
+                        self.unload(&mut guard);
                         results.resize_with(messages.len(), || Err(EngineError::Storage(fatal.to_string())));
                         return results;
                     }
@@ -436,7 +466,7 @@ impl GroupHandle {
                     }
                     match self.client.load_group(&self.group_id) {
                         Ok(stored) => *group = stored,
-                        Err(_) => *guard = None,
+                        Err(_) => self.unload(&mut guard),
                     }
                 }
             }

@@ -9,8 +9,11 @@ chooses."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -273,6 +276,16 @@ def test_the_managers_health_shows_what_its_listener_cannot_store(
         assert bob.receive(channel_name, timeout=5) == [f"m{i}" for i in range(10)]
 
 
+def sql(db: Path, *statements: str) -> None:
+    """Runs ``statements`` on an agent's database from another process: a second SQLite
+    library in the agent's own process would break SQLite's locks (POSIX locks are per
+    process; closing one connection drops the other library's), which shows as "file is
+    not a database" in the agent."""
+    script = "import sqlite3, sys\nwith sqlite3.connect(sys.argv[1]) as db:\n"
+    script += "".join(f"    db.execute({s!r})\n" for s in statements)
+    subprocess.run([sys.executable, "-c", script, str(db)], check=True, timeout=30)
+
+
 def test_a_send_whose_write_fails_queues_nothing_and_loses_nothing(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
@@ -285,25 +298,48 @@ def test_a_send_whose_write_fails_queues_nothing_and_loses_nothing(
         for i in range(5):
             chan_a.send(f"m{i}".encode())
         chan_a.wait_stored(30)
-        db = sqlite3.connect(stack.agent_dir(ids("a")) / "mls.sqlite3")
-        try:
-            db.execute(
-                "CREATE TRIGGER full BEFORE INSERT ON svc_outbox "
-                "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
-            )
-            db.commit()
-            with pytest.raises(InternalError, match="storage"):
-                chan_a.send(b"lost")
-            assert chan_a.unsent == 0
-            db.execute("DROP TRIGGER full")
-            db.commit()
-        finally:
-            db.close()
+        db = stack.agent_dir(ids("a")) / "mls.sqlite3"
+        sql(
+            db,
+            "CREATE TRIGGER full BEFORE INSERT ON svc_outbox "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END",
+        )
+        with pytest.raises(InternalError, match="database or disk is full"):
+            chan_a.send(b"lost")
+        assert chan_a.unsent == 0
+        sql(db, "DROP TRIGGER full")
         chan_a.send(b"m5")
         chan_a.wait_stored(30)
-        got: list[bytes] = []
-        deadline = time.monotonic() + 30
-        while len(got) < 6 and time.monotonic() < deadline:
-            got.extend(m.data for m in chan_b.next_messages(timeout=2))
-        assert got == [f"m{i}".encode() for i in range(6)]
+        assert receive(chan_b, 6) == [f"m{i}".encode() for i in range(6)]
         assert chan_b.next_messages(timeout=0.5) == []
+
+
+def test_a_group_whose_stored_state_cannot_be_read_back_is_read_again_later(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """A send fails and so does reading the stored state back (the engine's table is
+    gone for a moment): the channel is not given up as if alice had been removed; once
+    the state can be read, sending works and nothing is lost or repeated."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        chan_a.send(b"m0")
+        chan_a.wait_stored(30)
+        db = stack.agent_dir(ids("a")) / "mls.sqlite3"
+        sql(db, "ALTER TABLE mls_group RENAME TO mls_group_away")
+        with pytest.raises(InternalError, match="mls_group"):
+            chan_a.send(b"lost")
+        with pytest.raises(InternalError, match="stored state"):
+            chan_a.send(b"lost too")
+        sql(db, "ALTER TABLE mls_group_away RENAME TO mls_group")
+        chan_a.send(b"m1")
+        chan_a.wait_stored(30)
+        assert receive(chan_b, 2) == [b"m0", b"m1"]
+        assert chan_b.next_messages(timeout=0.5) == []
+
+
+def receive(channel: Channel, count: int) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < count and time.monotonic() < deadline:
+        got.extend(m.data for m in channel.next_messages(timeout=2))
+    return got
