@@ -412,6 +412,23 @@ async def test_stored_group_states_keep_the_used_key_packages() -> None:
             unpack(cut)
 
 
+async def test_stored_group_states_keep_post_quantum_init_keys() -> None:
+    """X-Wing init keys (suite 65100) are 1,216 bytes: stored with two length bytes, and
+    only then; suite 1 and 2 states keep the one-byte format."""
+    tracked = b"\x00\x01tracked group snapshot"
+    classic = frozenset({b"\x01" * 32, b"\x02" * 65})
+    assert pack(tracked, classic).startswith(b"\xff\xffsvc-used-kp\x00")
+    used = frozenset({b"\x03" * 1216, b"\x04" * 1216, b"\x05" * 32})
+    packed = pack(tracked, used)
+    assert packed.startswith(b"\xff\xffsvc-used-kp\x01")
+    assert unpack(packed) == (tracked, used)
+    for cut in (packed[:20], packed[:24], packed[:600], packed[: 14 + 4 + 2 + 1216 + 1]):
+        with pytest.raises(ValueError, match="cut short"):
+            unpack(cut)
+    with pytest.raises(ValueError, match="cannot be stored"):
+        pack(tracked, frozenset({b"\x00" * 70_000}))
+
+
 # The order of the P-256 group: an ECDSA signature (r, s) also verifies as (r, n - s).
 P256_ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
 
