@@ -39,7 +39,13 @@ pub type MlsClient = Client<Config>;
 /// Suite 1, MLS_128_DHKEMX25519_AES128GCM_SHA256_Ed25519: with aws-lc it signs 1.7x and
 /// verifies 1.4x faster than P-256 (suite 2), and verification bounds receive throughput.
 pub const DEFAULT_CIPHER_SUITE: u16 = 1;
+/// The suites an agent's signature key (its data_dir) can be made for.
 pub const SUPPORTED_CIPHER_SUITES: [u16; 2] = [1, 2];
+/// The hybrid post-quantum suite a channel can use instead of its creator's: HPKE with
+/// X-Wing (ML-KEM-768 combined with X25519), AES-128-GCM, SHA-256 and Ed25519 signatures
+/// (mls-rs's `ML_KEM_768_X25519`). 65100 is from the private-use range (0xF000-0xFFFF):
+/// the IETF has assigned no post-quantum MLS suite yet, so only svc agents speak it.
+pub const PQ_CIPHER_SUITE: u16 = 65100;
 pub const MAX_IDENTITY_LEN: usize = 1024;
 
 /// Unix seconds now.
@@ -98,8 +104,16 @@ impl Agent {
     }
 }
 
+/// One mls-rs client per channel suite the agent can use, all signing with its one key:
+/// its data_dir's suite, and the post-quantum suite when that key is Ed25519 (suite 1).
+#[derive(Clone)]
+struct Clients {
+    own: MlsClient,
+    pq: Option<MlsClient>,
+}
+
 pub struct Engine {
-    client: RwLock<MlsClient>,
+    clients: RwLock<Clients>,
     pub(crate) agent: Arc<Agent>,
     identity: Vec<u8>,
     pub(crate) cipher_suite: CipherSuite,
@@ -174,9 +188,9 @@ impl Engine {
             agent.set_current(signing, cred.content);
         }
         let group_storage = GroupStore::open(&db)?;
-        let client = build_client(&db, &group_storage, &agent, suite)?;
+        let clients = build_clients(&db, &group_storage, &agent, suite)?;
         Ok(Self {
-            client: RwLock::new(client),
+            clients: RwLock::new(clients),
             agent,
             identity: stored.identity,
             cipher_suite: suite,
@@ -228,7 +242,47 @@ impl Engine {
     }
 
     fn client(&self) -> MlsClient {
-        self.client.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.clients.read().unwrap_or_else(|p| p.into_inner()).own.clone()
+    }
+
+    /// The cipher suites this agent can make key packages and channels for: its own, and
+    /// the post-quantum one when its signature key is Ed25519.
+    pub fn channel_cipher_suites(&self) -> Vec<u16> {
+        channel_suites(self.cipher_suite())
+    }
+
+    /// `cipher_suite` as a caller gave it (any integer), checked to be a suite number.
+    pub fn suite_arg(&self, cipher_suite: Option<i64>) -> Result<Option<u16>> {
+        cipher_suite
+            .map(|cs| {
+                u16::try_from(cs).map_err(|_| EngineError::ChannelCipherSuite {
+                    got: cs,
+                    supported: self.channel_cipher_suites(),
+                })
+            })
+            .transpose()
+    }
+
+    /// The client for channels of `suite` (None: this agent's own), or a clear refusal.
+    fn client_for(&self, suite: Option<u16>, op: &'static str) -> Result<MlsClient> {
+        let clients = self.clients.read().unwrap_or_else(|p| p.into_inner());
+        match suite {
+            None => Ok(clients.own.clone()),
+            Some(cs) if cs == self.cipher_suite() => Ok(clients.own.clone()),
+            Some(PQ_CIPHER_SUITE) => clients.pq.clone().ok_or_else(|| EngineError::Mls {
+                op,
+                detail: format!(
+                    "cipher suite {PQ_CIPHER_SUITE} (ML-KEM-768+X25519, Ed25519 signatures) needs an Ed25519 \
+                     signature key; this agent's data_dir uses cipher suite {} (P-256), so it cannot make key \
+                     packages for or join post-quantum channels",
+                    self.cipher_suite()
+                ),
+            }),
+            Some(cs) => Err(EngineError::ChannelCipherSuite {
+                got: cs.into(),
+                supported: self.channel_cipher_suites(),
+            }),
+        }
     }
 
     /// Replaces the issuer keys credentials are checked against (the account API's
@@ -274,13 +328,13 @@ impl Engine {
             }
         }
         let signing = SigningIdentity::new(cred.to_mls_credential()?, self.agent.public_key.clone());
-        let mut client = self.client.write().unwrap_or_else(|p| p.into_inner());
+        let mut clients = self.clients.write().unwrap_or_else(|p| p.into_inner());
         self.store
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .set_credential(bytes)?;
         self.agent.set_current(signing, cred.content.clone());
-        *client = build_client(&self.db, &self.group_storage, &self.agent, self.cipher_suite)?;
+        *clients = build_clients(&self.db, &self.group_storage, &self.agent, self.cipher_suite)?;
         Ok(cred.content)
     }
 
@@ -320,12 +374,18 @@ impl Engine {
         Ok((content.to_bytes()?, proof))
     }
 
-    /// A fresh single-use key package carrying the current credential; its private keys
-    /// go to the store.
+    /// A fresh single-use key package carrying the current credential, for channels of
+    /// this agent's own suite; its private keys go to the store.
     pub fn generate_key_package(&self) -> Result<Vec<u8>> {
+        self.generate_key_package_for(None)
+    }
+
+    /// [`generate_key_package`](Self::generate_key_package) for channels of `cipher_suite`
+    /// (None: this agent's own).
+    pub fn generate_key_package_for(&self, cipher_suite: Option<u16>) -> Result<Vec<u8>> {
+        let client = self.client_for(cipher_suite, "key package generation")?;
         self.agent.usable()?;
-        let msg = self
-            .client()
+        let msg = client
             .generate_key_package_message(ExtensionList::default(), ExtensionList::default(), None)
             .map_err(|e| EngineError::mls("key package generation", e))?;
         msg.to_bytes().map_err(|e| EngineError::mls("key package encoding", e))
@@ -335,7 +395,14 @@ impl Engine {
         Arc::new(GroupHandle::new(client, group, self.agent.clone()))
     }
 
+    /// Creates a group of this agent's own suite with this agent its only member and owner.
     pub fn create_group(&self, group_id: &[u8]) -> Result<Arc<GroupHandle>> {
+        self.create_group_with_suite(group_id, None)
+    }
+
+    /// [`create_group`](Self::create_group) for `cipher_suite` (None: this agent's own).
+    pub fn create_group_with_suite(&self, group_id: &[u8], cipher_suite: Option<u16>) -> Result<Arc<GroupHandle>> {
+        let client = self.client_for(cipher_suite, "group creation")?;
         if group_id.is_empty() || group_id.len() > 255 {
             return Err(EngineError::Malformed {
                 what: "group id",
@@ -348,7 +415,6 @@ impl Engine {
         }
         self.agent.usable()?;
         let owner = self.member_id().ok_or(EngineError::NoCredential)?;
-        let client = self.client();
         let mut group = client
             .create_group_with_id(
                 group_id.to_vec(),
@@ -369,25 +435,23 @@ impl Engine {
     pub fn join_group(&self, welcome: &[u8]) -> Result<Arc<GroupHandle>> {
         let msg = parse(welcome, "Welcome")?;
         expect_kind(&msg, mls_rs::WireFormat::Welcome, "a Welcome")?;
-        if let Some(cs) = msg.cipher_suite() {
-            if cs != self.cipher_suite {
-                return Err(EngineError::Mls {
-                    op: "join",
-                    detail: format!(
-                        "invalid Welcome: cipher suite {} does not match this agent's {}",
-                        u16::from(cs),
-                        self.cipher_suite()
-                    ),
-                });
-            }
+        let suite = msg.cipher_suite().map(u16::from).unwrap_or(self.cipher_suite());
+        if !self.channel_cipher_suites().contains(&suite) {
+            return Err(EngineError::Mls {
+                op: "join",
+                detail: format!(
+                    "invalid Welcome: cipher suite {suite} is not one this agent can use ({})",
+                    suite_list(&self.channel_cipher_suites())
+                ),
+            });
         }
+        let client = self.client_for(Some(suite), "join")?;
         if self.agent.provider.anchors().is_empty() {
             return Err(EngineError::NoTrustAnchors);
         }
         // The Welcome answers a key package made under some credential of ours; the
         // current one may have expired since, which does not matter for joining.
         self.agent.credential().ok_or(EngineError::NoCredential)?;
-        let client = self.client();
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
         // No time: every leaf's issuer, signature and key are checked, not its validity
         // period, so a member whose credential lapsed while offline cannot block joins.
@@ -455,13 +519,48 @@ impl Engine {
     }
 }
 
+/// The channel suites an agent whose own suite is `own` can use.
+fn channel_suites(own: u16) -> Vec<u16> {
+    let mut suites = vec![own];
+    if own == DEFAULT_CIPHER_SUITE {
+        suites.push(PQ_CIPHER_SUITE);
+    }
+    suites
+}
+
+/// `1, 65100`: suites for an error message.
+pub(crate) fn suite_list(suites: &[u16]) -> String {
+    suites.iter().map(u16::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// The crypto provider for a client of `suite`. Its list of suites is what the client's
+/// new leaves (key packages, created groups) advertise: the classical ones, as before the
+/// post-quantum suite existed, plus that suite for its own client.
+fn crypto_for(suite: CipherSuite) -> Crypto {
+    let mut suites = Crypto::supported_classical_cipher_suites();
+    if suite == CipherSuite::ML_KEM_768_X25519 {
+        suites.push(suite);
+    }
+    Crypto::with_enabled_cipher_suites(suites)
+}
+
+fn build_clients(db: &Path, groups: &GroupStore, agent: &Agent, suite: CipherSuite) -> Result<Clients> {
+    let own = build_client(db, groups, agent, suite)?;
+    let pq = if u16::from(suite) == DEFAULT_CIPHER_SUITE {
+        Some(build_client(db, groups, agent, CipherSuite::ML_KEM_768_X25519)?)
+    } else {
+        None
+    };
+    Ok(Clients { own, pq })
+}
+
 fn build_client(db: &Path, groups: &GroupStore, agent: &Agent, suite: CipherSuite) -> Result<MlsClient> {
     let builder = mls_rs::client_builder::ClientBuilder::new_sqlite(storage::storage_engine(db))
         .map_err(|e| EngineError::Storage(e.to_string()))?
         .group_state_storage(groups.clone())
         .extension_type(mls_rs_core::extension::ExtensionType::new(ROLES_EXTENSION))
         .mls_rules(SvcRules)
-        .crypto_provider(Crypto::default())
+        .crypto_provider(crypto_for(suite))
         .identity_provider(agent.provider.clone());
     let current = agent.current.read().unwrap_or_else(|p| p.into_inner());
     Ok(match current.as_ref() {
@@ -482,6 +581,8 @@ pub struct MessageInfo {
     /// credential type is svc's; not verified), the key its leaf signs with, and its
     /// KeyPackageRef (RFC 9420 §5.2), which a Welcome names it by.
     pub key_package: Option<KeyPackageInfo>,
+    /// For a key package, Welcome or GroupInfo: the cipher suite it is made for.
+    pub cipher_suite: Option<u16>,
     /// For a Welcome: the KeyPackageRefs of the key packages it is addressed to.
     pub welcome_refs: Vec<Vec<u8>>,
 }

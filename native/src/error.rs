@@ -25,6 +25,9 @@ pub enum EngineError {
     #[error("unsupported cipher suite {0}; supported: 1 (X25519/Ed25519) and 2 (P-256)")]
     UnsupportedCipherSuite(u16),
 
+    #[error("cipher suite {got} is not one a channel of this agent can use; supported: {}", crate::engine::suite_list(.supported))]
+    ChannelCipherSuite { got: i64, supported: Vec<u16> },
+
     #[error("data_dir was created with cipher suite {stored}, not {requested}")]
     CipherSuiteMismatch { stored: u16, requested: u16 },
 

@@ -29,7 +29,7 @@ pub use credential::{
     verify_credential, verify_credential_request, verify_mls_credential, AgentCredential, AgentCredentialContent,
     CredentialRequestContent, TrustAnchors, SVC_CREDENTIAL_TYPE,
 };
-pub use engine::{inspect, Engine, MessageInfo, DEFAULT_CIPHER_SUITE};
+pub use engine::{inspect, Engine, MessageInfo, DEFAULT_CIPHER_SUITE, PQ_CIPHER_SUITE};
 pub use error::{EngineError, Result};
 pub use group::{CommitInfo, GroupHandle, PendingCommit, Received};
 pub use identity::{SvcIdentityError, SvcIdentityProvider};

@@ -76,6 +76,7 @@ pub fn info(msg: &MlsMessage) -> MessageInfo {
         epoch,
         content_type,
         key_package,
+        cipher_suite: msg.cipher_suite().map(u16::from),
         welcome_refs: msg
             .welcome_key_package_references()
             .into_iter()

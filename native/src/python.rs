@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::credential::{AgentCredentialContent, CredentialRequestContent, TrustAnchors};
-use crate::engine::{Engine, DEFAULT_CIPHER_SUITE};
+use crate::engine::{Engine, DEFAULT_CIPHER_SUITE, PQ_CIPHER_SUITE};
 use crate::error::EngineError;
 use crate::group::{CommitInfo, GroupHandle, PendingCommit, Received};
 use crate::policy::{Role, RolesExt};
@@ -88,15 +88,30 @@ impl PyEngine {
         self.inner.close();
     }
 
-    /// A single-use MLS key package (bytes) to hand to a member who will add this agent.
-    fn generate_key_package<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let kp = py.allow_threads(|| self.inner.generate_key_package()).map_err(to_py)?;
+    /// The cipher suites this agent can make key packages and groups for: its own, and
+    /// the post-quantum ``PQ_CIPHER_SUITE`` (65100) when its own is 1 (Ed25519).
+    #[getter]
+    fn channel_cipher_suites(&self) -> Vec<u16> {
+        self.inner.channel_cipher_suites()
+    }
+
+    /// A single-use MLS key package (bytes) to hand to a member who will add this agent,
+    /// for groups of ``cipher_suite`` (default: this agent's own).
+    #[pyo3(signature = (cipher_suite=None))]
+    fn generate_key_package<'py>(&self, py: Python<'py>, cipher_suite: Option<i64>) -> PyResult<Bound<'py, PyBytes>> {
+        let cipher_suite = self.inner.suite_arg(cipher_suite).map_err(to_py)?;
+        let kp = py
+            .allow_threads(|| self.inner.generate_key_package_for(cipher_suite))
+            .map_err(to_py)?;
         Ok(bytes(py, &kp))
     }
 
-    /// Creates a group with this agent as its only member.
-    fn create_group(&self, py: Python<'_>, group_id: &[u8]) -> PyResult<PyGroup> {
-        py.allow_threads(|| self.inner.create_group(group_id))
+    /// Creates a group of ``cipher_suite`` (default: this agent's own) with this agent as
+    /// its only member.
+    #[pyo3(signature = (group_id, cipher_suite=None))]
+    fn create_group(&self, py: Python<'_>, group_id: &[u8], cipher_suite: Option<i64>) -> PyResult<PyGroup> {
+        let cipher_suite = self.inner.suite_arg(cipher_suite).map_err(to_py)?;
+        py.allow_threads(|| self.inner.create_group_with_suite(group_id, cipher_suite))
             .map(PyGroup::from)
             .map_err(to_py)
     }
@@ -611,6 +626,12 @@ impl PyMessageInfo {
             .map(|r| bytes(py, r))
     }
 
+    /// For a key package, Welcome or GroupInfo: the cipher suite it is made for, else None.
+    #[getter]
+    fn cipher_suite(&self) -> Option<u16> {
+        self.0.cipher_suite
+    }
+
     /// For a Welcome: the KeyPackageRefs of the key packages it is addressed to.
     #[getter]
     fn welcome_refs<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
@@ -872,6 +893,12 @@ impl PyTrackedGroup {
         self.lock().epoch()
     }
 
+    /// The group's cipher suite (1, 2, or the post-quantum 65100).
+    #[getter]
+    fn cipher_suite(&self) -> u16 {
+        self.lock().cipher_suite()
+    }
+
     #[getter]
     fn group_id<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         bytes(py, self.lock().group_id())
@@ -1004,6 +1031,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_agent_credential, m)?)?;
     m.add_function(wrap_pyfunction!(verify_credential_request, m)?)?;
     m.add("DEFAULT_CIPHER_SUITE", DEFAULT_CIPHER_SUITE)?;
+    m.add("PQ_CIPHER_SUITE", PQ_CIPHER_SUITE)?;
     crate::py_transport::register(m)?;
     Ok(())
 }

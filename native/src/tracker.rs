@@ -134,6 +134,10 @@ impl Tracker {
 }
 
 impl TrackedGroup {
+    pub fn cipher_suite(&self) -> u16 {
+        self.group.group_context().cipher_suite.into()
+    }
+
     pub fn epoch(&self) -> u64 {
         self.group.group_context().epoch
     }

@@ -231,14 +231,21 @@ class Groups:
 # A tracked group's snapshot starts with its protocol version (0x0001), never 0xFF, so a
 # state stored before they were kept reads as one with none.
 _PACKED = b"\xff\xffsvc-used-kp\x00"
+# The same with two length bytes per key: for init keys of 256 bytes or more, which the
+# post-quantum suite's are (X-Wing: 1,216 bytes). Used only when a key needs it, so the
+# states of suite 1 and 2 channels are stored as before.
+_PACKED_WIDE = b"\xff\xffsvc-used-kp\x01"
 
 
 def pack(tracked: bytes, used: frozenset[bytes]) -> bytes:
     """The state to store for a tracked group's snapshot and the init keys of the key
     packages the channel has used (sorted: the same state packs to the same bytes)."""
-    parts = [_PACKED, struct.pack(">I", len(used))]
+    wide = any(len(key) > 0xFF for key in used)
+    parts = [_PACKED_WIDE if wide else _PACKED, struct.pack(">I", len(used))]
     for key in sorted(used):
-        parts += [bytes([len(key)]), key]
+        if len(key) > 0xFFFF:
+            raise ValueError(f"an init key of {len(key)} bytes cannot be stored")
+        parts += [struct.pack(">H", len(key)) if wide else bytes([len(key)]), key]
     parts.append(tracked)
     return b"".join(parts)
 
@@ -246,7 +253,11 @@ def pack(tracked: bytes, used: frozenset[bytes]) -> bytes:
 def unpack(stored: bytes) -> tuple[bytes, frozenset[bytes]]:
     """(tracked group snapshot, init keys of the used key packages) of a stored state;
     ValueError if it is cut short."""
-    if not stored.startswith(_PACKED):
+    if stored.startswith(_PACKED):
+        width = 1
+    elif stored.startswith(_PACKED_WIDE):
+        width = 2
+    else:
         return stored, frozenset()
     at = len(_PACKED)
     if len(stored) < at + 4:
@@ -255,10 +266,14 @@ def unpack(stored: bytes) -> tuple[bytes, frozenset[bytes]]:
     at += 4
     used = set()
     for _ in range(count):
-        if at >= len(stored) or at + 1 + stored[at] > len(stored):
+        if at + width > len(stored):
             raise ValueError("stored group state is cut short")
-        used.add(stored[at + 1 : at + 1 + stored[at]])
-        at += 1 + stored[at]
+        size = int.from_bytes(stored[at : at + width], "big")
+        at += width
+        if at + size > len(stored):
+            raise ValueError("stored group state is cut short")
+        used.add(stored[at : at + size])
+        at += size
     return stored[at:], frozenset(used)
 
 

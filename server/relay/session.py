@@ -56,11 +56,12 @@ MAX_SEQ = 2**63 - 1
 
 
 class RequestError(Exception):
-    def __init__(self, code: int, message: str, epoch: int = 0) -> None:
+    def __init__(self, code: int, message: str, epoch: int = 0, cipher_suite: int = 0) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.epoch = epoch
+        self.cipher_suite = cipher_suite
 
 
 def _denied(channel: str) -> RequestError:
@@ -151,7 +152,13 @@ class StreamSession:
         try:
             await handler(frame.request_id, getattr(frame, kind))
         except RequestError as exc:
-            self.reply(frame.request_id, exc.code, exc.message, epoch=exc.epoch)
+            self.reply(
+                frame.request_id,
+                exc.code,
+                exc.message,
+                epoch=exc.epoch,
+                cipher_suite=exc.cipher_suite,
+            )
         except Exception:  # a bug or an unreachable backend must not kill the stream
             log.exception("relay request failed")
             self.reply(frame.request_id, UNAVAILABLE, "relay could not complete the request; retry")
@@ -330,10 +337,31 @@ class StreamSession:
         if identity != self.identity:
             # The Welcome goes to the connected identity: it must be the key package's.
             raise RequestError(DENIED, "the join request is for another agent identity")
+        await self._check_join_suite(req.channel, key_package)
         _, epoch = await self.relay.store.head(req.channel)
         entry = await self.relay.store.append(req.channel, self.member, key_package, epoch)
         self.relay.metrics.messages.labels("join").inc()
         self.reply(request_id, seq=entry.seq)
+
+    async def _check_join_suite(self, channel: str, key_package: bytes) -> None:
+        """A key package for another cipher suite than the channel's can never be added:
+        refused before it reaches the log, with the channel's suite in the reply so that
+        the joiner can redeem its invite again with a key package for that suite."""
+        current = await self.relay.groups.current(channel)
+        if current is None:
+            return
+        want = current.group.cipher_suite
+        try:
+            got = inspect(key_package).cipher_suite
+        except MlsError:
+            got = None  # checked when the invite was redeemed; the member refuses it
+        if got is not None and got != want:
+            raise RequestError(
+                INVALID,
+                f"the join request's key package is for cipher suite {got}; channel "
+                f"{channel!r} uses cipher suite {want}",
+                cipher_suite=want,
+            )
 
     async def _on_commit(self, request_id: int, req: pb.Commit) -> None:
         await self._check_channel(req.channel)

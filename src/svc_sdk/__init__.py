@@ -13,6 +13,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from svc_sdk._native import PQ_CIPHER_SUITE
 from svc_sdk.agent_id import AgentId
 from svc_sdk.aio import AsyncChannel, AsyncSvcChannelManager, AsyncSvcClient
 from svc_sdk.audit import ChannelEvent, ChannelMember, ChannelSummary
@@ -66,6 +67,7 @@ except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0"
 
 __all__ = [
+    "PQ_CIPHER_SUITE",
     "AccessError",
     "AgentId",
     "AsyncChannel",

@@ -22,6 +22,7 @@ await in it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -68,6 +69,11 @@ class AsyncChannel:
     def epoch(self) -> int:
         """The group's MLS epoch, as this agent has it."""
         return self.channel.epoch
+
+    @property
+    def cipher_suite(self) -> int:
+        """See :attr:`Channel.cipher_suite`."""
+        return self.channel.cipher_suite
 
     @property
     def closed(self) -> bool:
@@ -249,13 +255,17 @@ class AsyncSvcClient:
         """See :meth:`SvcClient.health`."""
         return self.client.health()
 
-    def generate_key_package(self) -> bytes:
-        """A one-time MLS key package to hand to a member (no round trip)."""
-        return self.client.generate_key_package()
+    def generate_key_package(self, *, cipher_suite: int | None = None) -> bytes:
+        """A one-time MLS key package to hand to a member (no round trip); see
+        :meth:`SvcClient.generate_key_package`."""
+        return self.client.generate_key_package(cipher_suite=cipher_suite)
 
-    async def create_channel(self, name: str) -> AsyncChannel:
+    async def create_channel(self, name: str, *, cipher_suite: int | None = None) -> AsyncChannel:
         """See :meth:`SvcClient.create_channel`."""
-        return AsyncChannel(await anyio.to_thread.run_sync(self.client.create_channel, name))
+        channel = await anyio.to_thread.run_sync(
+            functools.partial(self.client.create_channel, name, cipher_suite=cipher_suite)
+        )
+        return AsyncChannel(channel)
 
     async def join_channel(self, name: str, welcome: bytes) -> AsyncChannel:
         """See :meth:`SvcClient.join_channel`."""
@@ -366,9 +376,11 @@ class AsyncSvcChannelManager:
 
     # -- membership and invites: in a worker thread ------------------------------------
 
-    async def create(self, channel_name: str) -> None:
+    async def create(self, channel_name: str, *, cipher_suite: int | None = None) -> None:
         """See :meth:`SvcChannelManager.create`."""
-        await anyio.to_thread.run_sync(self.manager.create, channel_name)
+        await anyio.to_thread.run_sync(
+            functools.partial(self.manager.create, channel_name, cipher_suite=cipher_suite)
+        )
 
     async def invite(self, channel_name: str, max_uses: int = 1, ttl: int = 3600) -> str:
         """See :meth:`SvcChannelManager.invite`."""

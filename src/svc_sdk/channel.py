@@ -153,6 +153,13 @@ class Channel:
         self._check_open()
         return self._group.epoch
 
+    @property
+    def cipher_suite(self) -> int:
+        """The channel's MLS cipher suite: 1, or ``PQ_CIPHER_SUITE`` (65100) for a
+        post-quantum channel (``create_channel(..., cipher_suite=...)``)."""
+        self._check_open()
+        return self._group.cipher_suite
+
     def members(self) -> list[AgentId]:
         """The current members (account and identity, as their credentials say), in leaf
         order."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from svc_sdk import _inbox
-from svc_sdk._native import Engine
+from svc_sdk._native import PQ_CIPHER_SUITE, Engine
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.api_client import ApiClient
@@ -292,10 +292,19 @@ class SvcClient:
 
     # -- the core API ------------------------------------------------------------------
 
-    def create_channel(self, name: str) -> Channel:
+    def create_channel(self, name: str, *, cipher_suite: int | None = None) -> Channel:
         """Creates channel ``name`` (org/namespace/service) with this agent as its first
-        member. Returns the existing Channel if this agent already created or joined it."""
+        member. Returns the existing Channel if this agent already created or joined it.
+
+        ``cipher_suite`` is the channel's MLS cipher suite, fixed for its lifetime: by
+        default this agent's own (1, X25519 and Ed25519), or ``PQ_CIPHER_SUITE`` (65100),
+        the hybrid post-quantum ML-KEM-768+X25519 suite with Ed25519 signatures, whose
+        key exchange resists an attacker who records traffic now and has a quantum
+        computer later (docs/security.md). Joiners need an agent of this library that
+        can use that suite (``join_with_token`` makes a key package for it); a suite this
+        agent cannot use raises MlsError."""
         check_channel_name(name)
+        suite = self._check_suite(cipher_suite)
         self._check_open()
         with self._lock:
             existing = self._channels.get(name)
@@ -303,7 +312,7 @@ class SvcClient:
             return existing
         # The relay tracks the group from here on: it must see the group as created, with
         # this agent its only member and owner.
-        group = self.engine.create_group(name.encode())
+        group = self.engine.create_group(name.encode(), suite)
         try:
             self._request(
                 pb.CreateChannel(channel=name, group_info=group.group_info()), channel=name
@@ -319,9 +328,35 @@ class SvcClient:
             self.engine.delete_group(name.encode())
             raise
 
-    def generate_key_package(self) -> bytes:
-        """A one-time MLS key package to hand to a member, who adds this agent with it."""
-        return self.engine.generate_key_package()
+    def generate_key_package(self, *, cipher_suite: int | None = None) -> bytes:
+        """A one-time MLS key package to hand to a member, who adds this agent with it.
+        A key package fits channels of one cipher suite: ``cipher_suite`` (default: this
+        agent's own, 1) must be the channel's, ``PQ_CIPHER_SUITE`` for a post-quantum
+        channel."""
+        return self.engine.generate_key_package(self._check_suite(cipher_suite))
+
+    def _check_suite(self, cipher_suite: object) -> int | None:
+        """``cipher_suite`` if this agent can make channels and key packages of it."""
+        if cipher_suite is None:
+            return None
+        if not isinstance(cipher_suite, int) or isinstance(cipher_suite, bool):
+            raise TypeError(
+                f"cipher_suite must be an int (1, or PQ_CIPHER_SUITE = 65100), "
+                f"not {type(cipher_suite).__name__}"
+            )
+        usable = self.engine.channel_cipher_suites
+        if cipher_suite not in usable:
+            hint = (
+                " (post-quantum channels need an agent whose data_dir uses suite 1: an "
+                "Ed25519 signature key)"
+                if cipher_suite == PQ_CIPHER_SUITE
+                else ""
+            )
+            raise MlsError(
+                f"cipher suite {cipher_suite} is not one a channel of this agent can use; "
+                f"supported: {', '.join(map(str, usable))}{hint}"
+            )
+        return cipher_suite
 
     def join_channel(self, name: str, welcome: bytes, *, after_seq: int = 0) -> Channel:
         """Joins ``name`` with the MLS Welcome a member's ``add_member`` returned."""
@@ -398,9 +433,7 @@ class SvcClient:
         if existing is not None:
             return existing
         deadline = time.monotonic() + timeout
-        key_package = self.engine.generate_key_package()
-        join_id = self._api().redeem_invite(channel, token, key_package)
-        self._request(pb.JoinRequest(channel=channel, join_id=join_id), channel=channel)
+        self._post_join_request(channel, token)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -419,6 +452,40 @@ class SvcClient:
                 return self.join_channel(channel, welcome.welcome, after_seq=welcome.seq)
             except MlsError:
                 continue  # a Welcome for an older key package of ours that is used up
+
+    def _post_join_request(self, channel: str, token: str) -> None:
+        """Redeems ``token`` with a key package and posts the join request to the channel.
+
+        The key package is for this agent's own suite first. The relay refuses one for
+        another suite than the channel's and names the channel's: the invite is redeemed
+        again (by the same agent, which uses no other use of it) with a key package for
+        that suite, or MlsError if this agent cannot use it."""
+        suite: int | None = None
+        while True:
+            key_package = self.engine.generate_key_package(suite)
+            join_id = self._api().redeem_invite(channel, token, key_package)
+            request = pb.JoinRequest(channel=channel, join_id=join_id)
+            try:
+                self.wait(
+                    self.link.submit(self.link.request(request, timeout=self.timeout, retry=True))
+                )
+                return
+            except RelayError as exc:
+                wanted = exc.reply.cipher_suite
+                if not wanted or suite is not None:
+                    raise relay_error(exc, channel) from None
+            usable = self.engine.channel_cipher_suites
+            if wanted not in usable:
+                raise MlsError(
+                    f"channel {channel!r} uses cipher suite {wanted}, which this agent "
+                    f"cannot use (it can use {', '.join(map(str, usable))}); "
+                    + (
+                        "post-quantum channels need an agent whose data_dir uses suite 1"
+                        if wanted == PQ_CIPHER_SUITE
+                        else "ask for a channel of a suite it supports"
+                    )
+                )
+            suite = wanted
 
     # -- the account's channels, as the account API records them ---------------------
 

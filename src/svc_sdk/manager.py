@@ -149,9 +149,10 @@ class SvcChannelManager:
 
     # -- the core API ------------------------------------------------------------------
 
-    def create(self, channel_name: str) -> None:
-        """Creates the channel and starts listening on it."""
-        self.client.create_channel(channel_name)
+    def create(self, channel_name: str, *, cipher_suite: int | None = None) -> None:
+        """Creates the channel and starts listening on it; ``cipher_suite`` as in
+        :meth:`SvcClient.create_channel`."""
+        self.client.create_channel(channel_name, cipher_suite=cipher_suite)
         self._ensure_listening(channel_name)
 
     def join(self, channel_name: str, welcome: bytes) -> None:
@@ -159,10 +160,11 @@ class SvcChannelManager:
         self.client.join_channel(channel_name, welcome)
         self._ensure_listening(channel_name)
 
-    def generate_key_package(self) -> bytes:
+    def generate_key_package(self, *, cipher_suite: int | None = None) -> bytes:
         """A single-use MLS key package of this agent, to hand to a member who calls
-        ``add_member`` (``join_with_token`` does this exchange for you)."""
-        return self.client.generate_key_package()
+        ``add_member`` (``join_with_token`` does this exchange for you); for a
+        post-quantum channel, ``cipher_suite=PQ_CIPHER_SUITE``."""
+        return self.client.generate_key_package(cipher_suite=cipher_suite)
 
     def add_member(self, channel_name: str, key_package: bytes) -> bytes:
         """Adds an agent by key package; returns its MLS Welcome."""

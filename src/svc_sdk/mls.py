@@ -17,6 +17,7 @@ another commit wins the epoch (``clear_pending_commit``, process the winner, ret
 
 from svc_sdk._native import (
     DEFAULT_CIPHER_SUITE,
+    PQ_CIPHER_SUITE,
     AgentCredentialInfo,
     CredentialRequestInfo,
     Engine,
@@ -36,6 +37,7 @@ from svc_sdk.errors import MlsError, PolicyError
 
 __all__ = [
     "DEFAULT_CIPHER_SUITE",
+    "PQ_CIPHER_SUITE",
     "AgentCredentialInfo",
     "CredentialRequestInfo",
     "Engine",

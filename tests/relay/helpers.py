@@ -37,8 +37,8 @@ class Member:
         assert member_id is not None
         return member_id
 
-    async def create(self, channel: str) -> None:
-        self.group = self.engine.create_group(channel.encode())
+    async def create(self, channel: str, cipher_suite: int | None = None) -> None:
+        self.group = self.engine.create_group(channel.encode(), cipher_suite)
         await self.conn.request(
             pb.CreateChannel(channel=channel, group_info=self.group.group_info())
         )

@@ -400,6 +400,49 @@ async def test_a_key_package_the_channel_used_is_refused(
     await close(alice, bob, carol)
 
 
+async def test_a_post_quantum_channel_is_validated_and_keeps_its_suite(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """A channel of suite 65100 (X-Wing init keys of 1,216 bytes): the relay tracks and
+    validates its commits, stores their used init keys (and refuses a replayed one after
+    loading the group from the store again), and refuses a join request whose key
+    package is of suite 1 before it reaches the log, naming the channel's suite."""
+    pq = 65100
+    alice = await member(stack, account, tmp_path, "alice")
+    bob = await member(stack, account, tmp_path, "bob")
+    await alice.create(CHANNEL, pq)
+    assert alice.group is not None
+    used = bob.engine.generate_key_package(pq)
+    await alice.commit(CHANNEL, alice.group.add_members([used]))
+    await bob.join(CHANNEL)
+    await alice.commit(CHANNEL, alice.group.remove_members([bob.member_id]))
+    stack.relay.relay.groups.evict(CHANNEL)
+    reply = await alice.refused(CHANNEL, [used])
+    assert reply.code == INVALID and "used" in reply.message, reply
+    current = await stack.relay.relay.groups.current(CHANNEL)
+    assert current is not None and current.group.cipher_suite == pq
+
+    carols = await new_account(stack.api_url, "carol-pq@example.com")
+    carol = await member(stack, carols, tmp_path, "carol")
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    token = await _invite(account)
+
+    async def post(key_package: bytes) -> pb.Reply:
+        redeemed = await _redeem(carols, token, key_package)
+        assert redeemed.status_code == 201, redeemed.text
+        join = pb.JoinRequest(channel=CHANNEL, join_id=redeemed.json()["join_id"])
+        return await carol.conn.request(join, check=False)
+
+    reply = await post(carol.engine.generate_key_package())
+    assert (reply.code, reply.cipher_suite) == (INVALID, pq), reply
+    assert "cipher suite 1; channel" in reply.message, reply.message
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    # Redeemed again by the same agent (no second use of the invite), with suite 65100.
+    reply = await post(carol.engine.generate_key_package(pq))
+    assert (reply.code, reply.cipher_suite) == (0, 0), reply
+    await close(alice, bob, carol)
+
+
 async def test_stored_group_states_keep_the_used_key_packages() -> None:
     tracked = b"\x00\x01tracked group snapshot"
     used = frozenset({b"\x01" * 32, b"\x02" * 32, b""})
@@ -410,6 +453,23 @@ async def test_stored_group_states_keep_the_used_key_packages() -> None:
     for cut in (pack(tracked, used)[:20], pack(tracked, used)[:24]):
         with pytest.raises(ValueError, match="cut short"):
             unpack(cut)
+
+
+async def test_stored_group_states_keep_post_quantum_init_keys() -> None:
+    """X-Wing init keys (suite 65100) are 1,216 bytes: stored with two length bytes, and
+    only then; suite 1 and 2 states keep the one-byte format."""
+    tracked = b"\x00\x01tracked group snapshot"
+    classic = frozenset({b"\x01" * 32, b"\x02" * 65})
+    assert pack(tracked, classic).startswith(b"\xff\xffsvc-used-kp\x00")
+    used = frozenset({b"\x03" * 1216, b"\x04" * 1216, b"\x05" * 32})
+    packed = pack(tracked, used)
+    assert packed.startswith(b"\xff\xffsvc-used-kp\x01")
+    assert unpack(packed) == (tracked, used)
+    for cut in (packed[:20], packed[:24], packed[:600], packed[: 14 + 4 + 2 + 1216 + 1]):
+        with pytest.raises(ValueError, match="cut short"):
+            unpack(cut)
+    with pytest.raises(ValueError, match="cannot be stored"):
+        pack(tracked, frozenset({b"\x00" * 70_000}))
 
 
 # The order of the P-256 group: an ECDSA signature (r, s) also verifies as (r, n - s).

@@ -99,20 +99,22 @@ class ServerFrame(_message.Message):
     def __init__(self, reply: _Optional[_Union[Reply, _Mapping]] = ..., deliveries: _Optional[_Union[Deliveries, _Mapping]] = ..., welcome: _Optional[_Union[Welcome, _Mapping]] = ..., lagged: _Optional[_Union[Lagged, _Mapping]] = ...) -> None: ...
 
 class Reply(_message.Message):
-    __slots__ = ("request_id", "code", "message", "seq", "epoch", "head_seq")
+    __slots__ = ("request_id", "code", "message", "seq", "epoch", "head_seq", "cipher_suite")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    CIPHER_SUITE_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     code: int
     message: str
     seq: int
     epoch: int
     head_seq: int
-    def __init__(self, request_id: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., head_seq: _Optional[int] = ...) -> None: ...
+    cipher_suite: int
+    def __init__(self, request_id: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., seq: _Optional[int] = ..., epoch: _Optional[int] = ..., head_seq: _Optional[int] = ..., cipher_suite: _Optional[int] = ...) -> None: ...
 
 class Delivery(_message.Message):
     __slots__ = ("channel", "seq", "message", "sender", "handshake", "epoch", "subscription")
