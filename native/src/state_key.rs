@@ -383,8 +383,12 @@ mod tests {
 
     #[test]
     fn encrypt_rekey_decrypt_round_trip() {
+        use std::os::unix::fs::PermissionsExt;
+        // A data_dir as the engine makes it: 0700, files 0600 (convert takes it like one).
         let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
         let path = dir.path().join(crate::storage::DB_FILE);
+        drop(data_dir::create_private(&path).unwrap());
         {
             let conn = Connection::open(&path).unwrap();
             conn.execute_batch(
