@@ -443,7 +443,7 @@ def test_odd_paths_and_key_lengths(tmp_path: Path) -> None:
     """A data_dir whose path has quotes (it is spliced into ATTACH as an SQL string) is
     converted; the engine itself refuses a key of the wrong length before touching the
     folder."""
-    data_dir, secret = tmp_path / "o'brien \"x\" ;--", _marker()
+    data_dir, secret = tmp_path / 'o\'brien "x" ;--', _marker()
     _populate(data_dir, None, secret)
     state_key.encrypt(data_dir, KEY)
     assert _open(data_dir, KEY)[3] == [(7, b"bob", secret + b"-inbox")]
