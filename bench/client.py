@@ -3,6 +3,11 @@ encrypt → relay (stored durably) → fan-out → decrypt, with every agent in 
 process so no two share a GIL.
 
     python bench/client.py [--messages 20000] [--rounds 3] [--round-trips 500]
+                           [--state-cipher off|on|both]
+
+``--state-cipher on`` gives every agent an encrypted data_dir (SQLCipher, a random state
+key); ``both`` runs every path without and with it, interleaved in each round, so the
+cost of encryption at rest is measured on the same machine in the same sitting.
 
 Prints one markdown table. Beside each throughput figure are two bounds measured in the
 same run, engine only, with the relay out of the picture: the receiver's (batched
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import secrets
 import statistics
 import sys
 import tempfile
@@ -69,10 +75,16 @@ def encrypt_bound(size: int, n: int = 4000) -> float:
         return n / (time.perf_counter() - start)
 
 
+def client_in(stack: dict[str, str], root: str, name: bytes) -> SvcClient:
+    """An agent on the stack; with an encrypted data_dir when the run says so."""
+    key = stack.get("state_key") or None
+    return SvcClient(stack["relay"], root, name, stack["key"], stack["api"], state_key=key)
+
+
 def receiver(stack: dict[str, str], name: str, channel: str, n: int, size: int, conn: Any) -> None:
     """Joins with a Welcome from the parent, reports when ready, counts ``n`` messages."""
     with tempfile.TemporaryDirectory() as root:
-        client = SvcClient(stack["relay"], root, name.encode(), stack["key"], stack["api"])
+        client = client_in(stack, root, name.encode())
         conn.send(client.generate_key_package())
         chan = client.join_channel(channel, conn.recv())
         bound = decrypt_bound(size)
@@ -88,7 +100,7 @@ def receiver(stack: dict[str, str], name: str, channel: str, n: int, size: int, 
 
 def echo(stack: dict[str, str], channel: str, rounds: int, conn: Any) -> None:
     with tempfile.TemporaryDirectory() as root:
-        client = SvcClient(stack["relay"], root, b"echo", stack["key"], stack["api"])
+        client = client_in(stack, root, b"echo")
         conn.send(client.generate_key_package())
         chan = client.join_channel(channel, conn.recv())
         conn.send("ready")
@@ -103,7 +115,7 @@ def fan_out(stack: dict[str, str], receivers: int, n: int, size: int, tag: str) 
     ctx = mp.get_context("spawn")
     channel = f"bench/client/{tag}-{time.monotonic_ns()}"
     with tempfile.TemporaryDirectory() as root:
-        sender = SvcClient(stack["relay"], root, b"sender", stack["key"], stack["api"])
+        sender = client_in(stack, root, b"sender")
         chan = sender.create_channel(channel)
         pipes, procs = [], []
         for r in range(receivers):
@@ -138,7 +150,7 @@ def round_trips(stack: dict[str, str], rounds: int) -> tuple[float, float, float
     ctx = mp.get_context("spawn")
     channel = f"bench/client/rtt-{time.monotonic_ns()}"
     with tempfile.TemporaryDirectory() as root:
-        client = SvcClient(stack["relay"], root, b"pinger", stack["key"], stack["api"])
+        client = client_in(stack, root, b"pinger")
         chan = client.create_channel(channel)
         parent, child = ctx.Pipe()
         proc = ctx.Process(target=echo, args=(stack, channel, rounds + 500, child))
@@ -170,21 +182,34 @@ def main() -> int:
     parser.add_argument(
         "--round-trips", type=whole_number(1), default=500, help="samples per round"
     )
+    parser.add_argument(
+        "--state-cipher",
+        choices=("off", "on", "both"),
+        default="off",
+        help="agents' data_dirs encrypted at rest: off, on, or both interleaved",
+    )
     args = parser.parse_args()
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.state_cipher]
     with LocalStack() as running:
-        stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}
+        plain = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}
+        stacks = {False: plain, True: {**plain, "state_key": secrets.token_hex(32)}}
         rows: dict[str, list[dict[str, float]]] = {}
+        rtt_rows: dict[str, list[tuple[float, float, float]]] = {}
         for _ in range(args.rounds):
-            for tag, receivers, size, n in (
-                ("1→1 256 B", 1, 256, args.messages),
-                ("1→1 16 KiB", 1, 16384, args.messages // 4),
-                ("1→10 256 B", 10, 256, args.messages // 10),
-            ):
-                rows.setdefault(tag, []).append(
-                    fan_out(stack, receivers, n, size, f"r{receivers}-s{size}")
+            for encrypted in modes:
+                stack, suffix = stacks[encrypted], " (encrypted state)" if encrypted else ""
+                for tag, receivers, size, n in (
+                    ("1→1 256 B", 1, 256, args.messages),
+                    ("1→1 16 KiB", 1, 16384, args.messages // 4),
+                    ("1→10 256 B", 10, 256, args.messages // 10),
+                ):
+                    rows.setdefault(tag + suffix, []).append(
+                        fan_out(stack, receivers, n, size, f"r{receivers}-s{size}")
+                    )
+                rtt_rows.setdefault("256 B, one at a time" + suffix, []).append(
+                    round_trips(stack, args.round_trips)
                 )
             print(".", end="", file=sys.stderr, flush=True)
-        rtts = [round_trips(stack, args.round_trips) for _ in range(args.rounds)]
     print(file=sys.stderr)
     print(
         "| path | msg/s (per receiver) | deliveries/s (all receivers) "
@@ -203,16 +228,18 @@ def main() -> int:
             f"| {tag} | {msgs:,.0f} | {deliveries:,.0f} | {bound:,.0f} | {share:.0%} "
             f"| {sender:,.0f} | {lower:.0%} |"
         )
-    p50 = statistics.median(r[0] for r in rtts)
-    p99 = statistics.median(r[1] for r in rtts)
-    sends = statistics.median(r[2] for r in rtts)
     print()
     print("| round trip (send → echo → receive) | p50 ms | p99 ms | send() calls/s |")
     print("|---|---:|---:|---:|")
-    print(f"| 256 B, one at a time | {p50:.2f} | {p99:.2f} | {sends:,.0f} |")
+    for tag, rtts in rtt_rows.items():
+        p50 = statistics.median(r[0] for r in rtts)
+        p99 = statistics.median(r[1] for r in rtts)
+        sends = statistics.median(r[2] for r in rtts)
+        print(f"| {tag} | {p50:.2f} | {p99:.2f} | {sends:,.0f} |")
     print()
-    print(f"round trips: {args.rounds} rounds of {args.round_trips}; p50 per round (ms):")
-    print(", ".join(f"{r[0]:.2f}" for r in rtts))
+    for tag, rtts in rtt_rows.items():
+        print(f"round trips {tag}: {args.rounds} rounds of {args.round_trips}; p50 per round (ms):")
+        print(", ".join(f"{r[0]:.2f}" for r in rtts))
     return 0
 
 

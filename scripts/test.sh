@@ -4,9 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: a C compiler (aws-lc, bundled SQLite), PostgreSQL and Redis for the
+# System packages: a C compiler (aws-lc, bundled SQLCipher), perl and make (SQLCipher's
+# vendored OpenSSL is built from source: no libssl-dev), PostgreSQL and Redis for the
 # server tests (the tests start their own instances; the services stay stopped).
-SYSTEM_PACKAGES=(build-essential pkg-config postgresql redis-server)
+SYSTEM_PACKAGES=(build-essential perl pkg-config postgresql redis-server)
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     missing=()
     for pkg in "${SYSTEM_PACKAGES[@]}"; do

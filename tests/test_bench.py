@@ -17,6 +17,8 @@ BENCH = Path(__file__).parents[1] / "bench"
         ("client.py", ["--round-trips", "0"], "--round-trips: must be at least 1, not 0"),
         ("client.py", ["--rounds", "-2"], "--rounds: must be at least 1, not -2"),
         ("client.py", ["--messages", "lots"], "--messages: 'lots' is not a whole number"),
+        ("state_cipher.py", ["--rounds", "0"], "--rounds: must be at least 1, not 0"),
+        ("state_cipher.py", ["--sizes", "256,big"], "--sizes: sizes: 'big' is not a whole number"),
         ("e2e.py", ["--runs", "0"], "--runs: must be at least 1, not 0"),
         ("e2e.py", ["--round-trips", "-1"], "--round-trips: must be at least 1, not -1"),
         ("e2e.py", ["--messages", "lots"], "--messages: 'lots' is not a whole number"),

@@ -38,7 +38,7 @@ impl Engine {
                     .with_ratchet_tree_extension(true)
                     .with_single_welcome_message(true),
             );
-        let client = ClientBuilder::new_sqlite(storage::storage_engine(&self.db))
+        let client = ClientBuilder::new_sqlite(storage::storage_engine(&self.db, self.state_key.as_ref()))
             .map_err(|e| EngineError::Storage(e.to_string()))?
             .extension_type(mls_rs_core::extension::ExtensionType::new(ROLES_EXTENSION))
             .mls_rules(rules)

@@ -25,6 +25,7 @@ use crate::group_store::GroupStore;
 use crate::identity::{member_id, SvcIdentityProvider};
 use crate::message::{expect_kind, parse};
 use crate::policy::{initial_extensions, SvcRules, ROLES_EXTENSION};
+use crate::state_key::{self, StateKey};
 use crate::storage::{self, IdentityStore, StoredIdentity};
 use mls_rs_core::error::IntoAnyError;
 
@@ -118,6 +119,8 @@ pub struct Engine {
     identity: Vec<u8>,
     pub(crate) cipher_suite: CipherSuite,
     pub(crate) db: PathBuf,
+    /// The data_dir's SQLCipher key, if it is encrypted (state_key.rs).
+    pub(crate) state_key: Option<StateKey>,
     store: Mutex<IdentityStore>,
     data_dir: PathBuf,
     group_storage: GroupStore,
@@ -136,6 +139,18 @@ impl Engine {
     /// nothing (see [`set_trust_anchors`](Self::set_trust_anchors) and
     /// [`install_credential`](Self::install_credential)).
     pub fn open(data_dir: &Path, identity: &[u8], cipher_suite: Option<u16>) -> Result<Self> {
+        Self::open_keyed(data_dir, identity, cipher_suite, None)
+    }
+
+    /// [`open`](Self::open) for a data_dir encrypted with `state_key` (or to be created
+    /// encrypted). Fails closed: an encrypted data_dir without its key, a plaintext one
+    /// with a key, or a wrong key is refused before anything in it is created or written.
+    pub fn open_keyed(
+        data_dir: &Path,
+        identity: &[u8],
+        cipher_suite: Option<u16>,
+        state_key: Option<StateKey>,
+    ) -> Result<Self> {
         if identity.is_empty() || identity.len() > MAX_IDENTITY_LEN {
             return Err(EngineError::BadIdentity {
                 len: identity.len(),
@@ -148,8 +163,12 @@ impl Engine {
             }
         }
         let lock = data_dir::take(data_dir)?;
+        state_key::recover(data_dir)?;
+        state_key::check_data_dir(data_dir, state_key.as_ref())?;
+        // Declared before the connections, so dropped after them (an error path).
+        let sidecars = state_key::NewSidecars::watch(data_dir);
         let db = data_dir::private_file(data_dir, storage::DB_FILE)?;
-        let ids = IdentityStore::open(&db)?;
+        let ids = IdentityStore::open(&db, state_key.as_ref())?;
         let stored = match ids.load()? {
             Some(stored) => stored,
             None => ids.insert_or_get(&Self::new_identity(
@@ -187,14 +206,16 @@ impl Engine {
             let signing = SigningIdentity::new(cred.to_mls_credential()?, agent.public_key.clone());
             agent.set_current(signing, cred.content);
         }
-        let group_storage = GroupStore::open(&db)?;
-        let clients = build_clients(&db, &group_storage, &agent, suite)?;
+        let group_storage = GroupStore::open(&db, state_key.as_ref())?;
+        let clients = build_clients(&db, state_key.as_ref(), &group_storage, &agent, suite)?;
+        sidecars.keep();
         Ok(Self {
             clients: RwLock::new(clients),
             agent,
             identity: stored.identity,
             cipher_suite: suite,
             db: db.clone(),
+            state_key,
             store: Mutex::new(ids),
             data_dir: data_dir.to_owned(),
             group_storage,
@@ -334,7 +355,13 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .set_credential(bytes)?;
         self.agent.set_current(signing, cred.content.clone());
-        *clients = build_clients(&self.db, &self.group_storage, &self.agent, self.cipher_suite)?;
+        *clients = build_clients(
+            &self.db,
+            self.state_key.as_ref(),
+            &self.group_storage,
+            &self.agent,
+            self.cipher_suite,
+        )?;
         Ok(cred.content)
     }
 
@@ -544,18 +571,30 @@ fn crypto_for(suite: CipherSuite) -> Crypto {
     Crypto::with_enabled_cipher_suites(suites)
 }
 
-fn build_clients(db: &Path, groups: &GroupStore, agent: &Agent, suite: CipherSuite) -> Result<Clients> {
-    let own = build_client(db, groups, agent, suite)?;
+fn build_clients(
+    db: &Path,
+    key: Option<&StateKey>,
+    groups: &GroupStore,
+    agent: &Agent,
+    suite: CipherSuite,
+) -> Result<Clients> {
+    let own = build_client(db, key, groups, agent, suite)?;
     let pq = if u16::from(suite) == DEFAULT_CIPHER_SUITE {
-        Some(build_client(db, groups, agent, CipherSuite::ML_KEM_768_X25519)?)
+        Some(build_client(db, key, groups, agent, CipherSuite::ML_KEM_768_X25519)?)
     } else {
         None
     };
     Ok(Clients { own, pq })
 }
 
-fn build_client(db: &Path, groups: &GroupStore, agent: &Agent, suite: CipherSuite) -> Result<MlsClient> {
-    let builder = mls_rs::client_builder::ClientBuilder::new_sqlite(storage::storage_engine(db))
+fn build_client(
+    db: &Path,
+    key: Option<&StateKey>,
+    groups: &GroupStore,
+    agent: &Agent,
+    suite: CipherSuite,
+) -> Result<MlsClient> {
+    let builder = mls_rs::client_builder::ClientBuilder::new_sqlite(storage::storage_engine(db, key))
         .map_err(|e| EngineError::Storage(e.to_string()))?
         .group_state_storage(groups.clone())
         .extension_type(mls_rs_core::extension::ExtensionType::new(ROLES_EXTENSION))

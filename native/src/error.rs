@@ -16,6 +16,9 @@ pub enum EngineError {
     #[error("storage failure: {0}")]
     Storage(String),
 
+    #[error("bad state key: {0}")]
+    StateKey(String),
+
     #[error("data_dir belongs to identity {stored:?}, not {requested:?}; use one data_dir per agent")]
     IdentityMismatch { stored: String, requested: String },
 

@@ -63,8 +63,8 @@ fn int(v: u64) -> Result<i64> {
 
 impl GroupStore {
     /// Opens the store on `db`, where mls-rs's migration has created its tables.
-    pub fn open(db: &Path) -> Result<Self> {
-        let conn = crate::storage::open_connection(db)?;
+    pub fn open(db: &Path, key: Option<&crate::state_key::StateKey>) -> Result<Self> {
+        let conn = crate::storage::open_connection(db, key)?;
         conn.execute_batch(SCHEMA)?;
         // Every send rewrites the group's state: the same few pages, again and again. A
         // checkpoint copies each page once however often it changed, and costs two

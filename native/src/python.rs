@@ -17,7 +17,9 @@ use crate::credential::{AgentCredentialContent, CredentialRequestContent, TrustA
 use crate::engine::{Engine, DEFAULT_CIPHER_SUITE, PQ_CIPHER_SUITE};
 use crate::error::EngineError;
 use crate::group::{CommitInfo, GroupHandle, PendingCommit, Received};
+use crate::local_state::{InboxRow, LocalStore};
 use crate::policy::{Role, RolesExt};
+use crate::state_key::{self, StateKey};
 use crate::tracker::{Observed, TrackedGroup, Tracker};
 
 // Imported on first use, not when the extension loads: svc_sdk.errors imports nothing of
@@ -30,7 +32,10 @@ fn to_py(e: EngineError) -> PyErr {
     // Not MLS failures: the agent's directory is unusable as given, or a write to it
     // failed; the library reports both as `runtime error: ` (svc_sdk.errors.InternalError).
     let internal = match &e {
-        EngineError::DataDir { .. } | EngineError::DataDirInUse { .. } | EngineError::Storage(_) => Some(e.to_string()),
+        EngineError::DataDir { .. }
+        | EngineError::DataDirInUse { .. }
+        | EngineError::Storage(_)
+        | EngineError::StateKey(_) => Some(e.to_string()),
         e if e.is_storage() => Some(format!("storage failure: {e}")),
         _ => None,
     };
@@ -57,10 +62,17 @@ struct PyEngine {
 #[pymethods]
 impl PyEngine {
     #[new]
-    #[pyo3(signature = (data_dir, identity, cipher_suite=None))]
-    fn new(py: Python<'_>, data_dir: PathBuf, identity: &[u8], cipher_suite: Option<u16>) -> PyResult<Self> {
+    #[pyo3(signature = (data_dir, identity, cipher_suite=None, *, state_key=None))]
+    fn new(
+        py: Python<'_>,
+        data_dir: PathBuf,
+        identity: &[u8],
+        cipher_suite: Option<u16>,
+        state_key: Option<&[u8]>,
+    ) -> PyResult<Self> {
+        let key = state_key.map(StateKey::from_bytes).transpose().map_err(to_py)?;
         let engine = py
-            .allow_threads(|| Engine::open(&data_dir, identity, cipher_suite))
+            .allow_threads(|| Engine::open_keyed(&data_dir, identity, cipher_suite, key))
             .map_err(to_py)?;
         Ok(Self {
             inner: Arc::new(engine),
@@ -80,6 +92,15 @@ impl PyEngine {
     #[getter]
     fn data_dir(&self) -> PathBuf {
         self.inner.data_dir().to_owned()
+    }
+
+    /// The client's database (client.sqlite3) in this data_dir, under the engine's state
+    /// key: the key is not handed back to Python.
+    fn local_store(&self, py: Python<'_>) -> PyResult<PyLocalStore> {
+        let inner = py
+            .allow_threads(|| LocalStore::open(self.inner.data_dir(), self.inner.state_key.as_ref()))
+            .map_err(to_py)?;
+        Ok(PyLocalStore { inner })
     }
 
     /// Releases `data_dir` for another process (it is locked from the constructor on, and
@@ -1014,6 +1035,101 @@ impl PyObserved {
     }
 }
 
+/// `data_dir/client.sqlite3`: see svc_sdk.local_state, which wraps it.
+#[pyclass(module = "svc_sdk._native", name = "LocalStore", frozen)]
+struct PyLocalStore {
+    inner: LocalStore,
+}
+
+#[pymethods]
+impl PyLocalStore {
+    #[new]
+    #[pyo3(signature = (data_dir, *, state_key=None))]
+    fn new(py: Python<'_>, data_dir: PathBuf, state_key: Option<&[u8]>) -> PyResult<Self> {
+        let key = state_key.map(StateKey::from_bytes).transpose().map_err(to_py)?;
+        let inner = py
+            .allow_threads(|| LocalStore::open(&data_dir, key.as_ref()))
+            .map_err(to_py)?;
+        Ok(Self { inner })
+    }
+
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    fn channels(&self, py: Python<'_>) -> PyResult<Vec<(String, i64, i64)>> {
+        py.allow_threads(|| self.inner.channels()).map_err(to_py)
+    }
+
+    fn add_channel(&self, py: Python<'_>, name: &str, cursor: i64, joined_epoch: i64) -> PyResult<()> {
+        py.allow_threads(|| self.inner.add_channel(name, cursor, joined_epoch))
+            .map_err(to_py)
+    }
+
+    fn remove_channel(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        py.allow_threads(|| self.inner.remove_channel(name)).map_err(to_py)
+    }
+
+    fn advance(&self, py: Python<'_>, name: &str, cursor: i64, received: Vec<InboxRow>) -> PyResult<()> {
+        py.allow_threads(|| self.inner.advance(name, cursor, &received))
+            .map_err(to_py)
+    }
+
+    #[allow(clippy::type_complexity)]
+    #[pyo3(signature = (name, after=0, limit=None))]
+    fn inbox<'py>(
+        &self,
+        py: Python<'py>,
+        name: &str,
+        after: i64,
+        limit: Option<i64>,
+    ) -> PyResult<Vec<(i64, Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+        let rows = py
+            .allow_threads(|| self.inner.inbox(name, after, limit))
+            .map_err(to_py)?;
+        Ok(rows
+            .into_iter()
+            .map(|(seq, sender, payload)| (seq, bytes(py, &sender), bytes(py, &payload)))
+            .collect())
+    }
+
+    #[pyo3(signature = (name, after=0))]
+    fn inbox_count(&self, py: Python<'_>, name: &str, after: i64) -> PyResult<i64> {
+        py.allow_threads(|| self.inner.inbox_count(name, after)).map_err(to_py)
+    }
+
+    fn consumed(&self, py: Python<'_>, name: &str, through_seq: i64, extra: Vec<i64>, cursor: i64) -> PyResult<()> {
+        py.allow_threads(|| self.inner.consumed(name, through_seq, &extra, cursor))
+            .map_err(to_py)
+    }
+}
+
+/// Re-encrypts every database of `data_dir` from `from_key` to `to_key` (None: plaintext),
+/// crash-safely; no process may have the data_dir open. svc_sdk.state wraps it.
+#[pyfunction]
+#[pyo3(signature = (data_dir, from_key, to_key))]
+fn convert_state(py: Python<'_>, data_dir: PathBuf, from_key: Option<&[u8]>, to_key: Option<&[u8]>) -> PyResult<()> {
+    let from = from_key.map(StateKey::from_bytes).transpose().map_err(to_py)?;
+    let to = to_key.map(StateKey::from_bytes).transpose().map_err(to_py)?;
+    py.allow_threads(|| state_key::convert(&data_dir, from.as_ref(), to.as_ref()))
+        .map_err(to_py)
+}
+
+/// "encrypted", "plaintext" or "empty": how `data_dir`'s databases are stored, read from
+/// their headers alone (no key needed; an encrypted-looking file may also be damaged).
+#[pyfunction]
+fn state_encryption(data_dir: PathBuf) -> PyResult<&'static str> {
+    let mut verdict = "empty";
+    for name in state_key::STATE_FILES {
+        match state_key::kind(&data_dir.join(name)).map_err(to_py)? {
+            state_key::FileKind::Encrypted => return Ok("encrypted"),
+            state_key::FileKind::Plain => verdict = "plaintext",
+            state_key::FileKind::New => {}
+        }
+    }
+    Ok(verdict)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyEngine>()?;
@@ -1027,6 +1143,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyGroupTracker>()?;
     m.add_class::<PyTrackedGroup>()?;
     m.add_class::<PyObserved>()?;
+    m.add_class::<PyLocalStore>()?;
+    m.add_function(wrap_pyfunction!(convert_state, m)?)?;
+    m.add_function(wrap_pyfunction!(state_encryption, m)?)?;
     m.add_function(wrap_pyfunction!(inspect, m)?)?;
     m.add_function(wrap_pyfunction!(verify_agent_credential, m)?)?;
     m.add_function(wrap_pyfunction!(verify_credential_request, m)?)?;

@@ -9,6 +9,7 @@ use mls_rs::storage_provider::sqlite::{
 use rusqlite::{Connection, OptionalExtension};
 
 use crate::error::{EngineError, Result};
+use crate::state_key::StateKey;
 
 pub const DB_FILE: &str = "mls.sqlite3";
 
@@ -20,16 +21,19 @@ pub const DB_FILE: &str = "mls.sqlite3";
 /// which mls-rs randomises per message, keeps nonces distinct in that case.
 pub struct SecureFileStrategy {
     path: PathBuf,
+    key: Option<StateKey>,
 }
 
 impl ConnectionStrategy for SecureFileStrategy {
     fn make_connection(&self) -> std::result::Result<Connection, SqLiteDataStorageError> {
-        open_connection(&self.path).map_err(|e| SqLiteDataStorageError::SqlEngineError(e.into()))
+        open_connection(&self.path, self.key.as_ref()).map_err(|e| SqLiteDataStorageError::SqlEngineError(e.into()))
     }
 }
 
-pub(crate) fn open_connection(path: &Path) -> std::result::Result<Connection, rusqlite::Error> {
+/// `key` (SQLCipher) is applied first, before anything reads a page: see state_key.rs.
+pub(crate) fn open_connection(path: &Path, key: Option<&StateKey>) -> std::result::Result<Connection, rusqlite::Error> {
     let conn = Connection::open(path)?;
+    crate::state_key::apply(&conn, key)?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -37,10 +41,13 @@ pub(crate) fn open_connection(path: &Path) -> std::result::Result<Connection, ru
     Ok(conn)
 }
 
-pub fn storage_engine(db: &Path) -> SqLiteDataStorageEngine<SecureFileStrategy> {
+pub fn storage_engine(db: &Path, key: Option<&StateKey>) -> SqLiteDataStorageEngine<SecureFileStrategy> {
     // `new` only records the strategy; it cannot fail in this version.
-    SqLiteDataStorageEngine::new(SecureFileStrategy { path: db.to_owned() })
-        .expect("SqLiteDataStorageEngine::new is infallible")
+    SqLiteDataStorageEngine::new(SecureFileStrategy {
+        path: db.to_owned(),
+        key: key.cloned(),
+    })
+    .expect("SqLiteDataStorageEngine::new is infallible")
 }
 
 /// The agent's signing identity as persisted in the store.
@@ -57,8 +64,8 @@ pub struct IdentityStore {
 }
 
 impl IdentityStore {
-    pub fn open(db: &Path) -> Result<Self> {
-        let conn = open_connection(db)?;
+    pub fn open(db: &Path, key: Option<&StateKey>) -> Result<Self> {
+        let conn = open_connection(db, key)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS svc_identity (
                 singleton INTEGER PRIMARY KEY CHECK (singleton = 1),

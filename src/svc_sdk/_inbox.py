@@ -210,7 +210,7 @@ class Inbox:
         self.flushed_at = time.monotonic()
         try:
             self._client.state.consumed(self._name, through, extra, cursor)
-        except (sqlite3.Error, OSError) as exc:
+        except (InternalError, sqlite3.Error, OSError) as exc:
             # Only the record of what was read failed (disk full, I/O error); the
             # messages were handed over. Kept to record again on the next flush: a crash
             # meanwhile hands them out a second time, never loses one.

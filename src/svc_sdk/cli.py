@@ -1,4 +1,4 @@
-"""The client's subcommands of ``svc``: ``demo`` and the account commands. The ``svc``
+"""The client's subcommands of ``svc``: ``demo``, ``state`` and the account commands. The ``svc``
 command itself is composed in ``svc_cli`` (the repository's ``cli/``), above the library
 and the servers, so that the library never imports the servers."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from svc_sdk import account_cli
+from svc_sdk import account_cli, state_cli
 from svc_sdk._argtypes import whole_number
 
 __all__ = ["add_commands"]
@@ -24,3 +24,4 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     demo.add_argument("--rounds", type=whole_number(1), default=3, help="message round trips")
     demo.set_defaults(func=_demo)
     account_cli.add_commands(sub)
+    state_cli.add_commands(sub)

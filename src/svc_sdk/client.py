@@ -39,6 +39,7 @@ from svc_sdk.local_state import LocalState
 from svc_sdk.names import check_channel_name
 from svc_sdk.relay_client import RelayError, Request
 from svc_sdk.relay_link import RelayLink
+from svc_sdk.state_key import resolve_state_key
 
 log = logging.getLogger("svc_sdk")
 T = TypeVar("T")
@@ -77,6 +78,11 @@ class SvcClient:
 
     Channels the agent is in are restored from ``data_dir`` and resume listening where
     they stopped. Close the client (or use it as a context manager) when done.
+
+    ``state_key`` encrypts ``data_dir`` at rest (32 bytes, or 64 hex characters); without
+    it the key comes from ``SVC_STATE_KEY`` or the file ``SVC_STATE_KEY_FILE``, and with
+    none of them the data_dir is not encrypted (svc_sdk.state_key). An encrypted data_dir
+    never opens without its key.
     """
 
     def __init__(
@@ -89,6 +95,7 @@ class SvcClient:
         *,
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        state_key: str | bytes | None = None,
         _api: ApiClient | None = None,
     ) -> None:
         if isinstance(cast(object, identity), str):
@@ -96,6 +103,7 @@ class SvcClient:
         if not isinstance(identity, bytes) or not 0 < len(identity) <= MAX_IDENTITY:
             raise ValueError("identity must be 1 to 1024 bytes")
         endpoints = parse_endpoints(endpoint)
+        key = resolve_state_key(state_key)  # a bad key fails before anything else
         #: The relay address(es) as given, comma-separated.
         self.endpoint = ",".join(endpoints)
         self.identity = identity
@@ -119,9 +127,10 @@ class SvcClient:
         else:
             raise AuthError(NO_API_KEY)
         try:
-            self.engine = Engine(Path(data_dir), identity)
+            self.engine = Engine(Path(data_dir), identity, state_key=key)
+            del key
             renewed = self._ensure_credential()
-            self.state = LocalState(self.engine.data_dir)
+            self.state = LocalState.of(self.engine)
             self.link = RelayLink(endpoints, identity, self.api)
             self.link.start(connect_timeout)
             self._restore()

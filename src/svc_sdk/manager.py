@@ -54,7 +54,8 @@ class SvcChannelManager:
     from ``SVC_DATA_DIR`` (else ``/tmp/svc-<hex>``, see :func:`default_data_dir`),
     ``api_key`` from ``SVC_API_KEY`` (else the file ``svc signup`` wrote), ``api_url``
     from ``SVC_API_URL`` (else ``http://127.0.0.1:8000``) — the addresses ``svc up``
-    listens on.
+    listens on. ``state_key`` encrypts the data_dir at rest, as for
+    :class:`~svc_sdk.SvcClient` (else ``SVC_STATE_KEY`` or ``SVC_STATE_KEY_FILE``).
     """
 
     def __init__(
@@ -66,6 +67,7 @@ class SvcChannelManager:
         api_url: str | None = None,
         *,
         timeout: float = 30.0,
+        state_key: str | bytes | None = None,
     ) -> None:
         ident = identity.encode() if isinstance(identity, str) else identity
         if not isinstance(ident, bytes):
@@ -90,7 +92,9 @@ class SvcChannelManager:
                 api.close()
                 raise
         try:
-            self.client = SvcClient(relay, directory, ident, key, url, timeout=timeout, _api=api)
+            self.client = SvcClient(
+                relay, directory, ident, key, url, timeout=timeout, state_key=state_key, _api=api
+            )
         except BaseException:
             if api is not None:
                 api.close()  # idempotent: the client may have closed it already
