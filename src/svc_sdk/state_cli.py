@@ -94,36 +94,37 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "stop the agent first.",
     )
     cmds = state.add_subparsers(dest="state_command", required=True, metavar="ACTION")
-    enc = cmds.add_parser(
-        "encrypt",
-        help="encrypt a plaintext data_dir in place",
-        description="Encrypts every database of a plaintext data_dir in place. " + _KEY_SOURCES,
-    )
-    enc.add_argument("data_dir", help="the agent's data_dir")
-    enc.set_defaults(func=_encrypt)
-    rek = cmds.add_parser(
-        "rekey",
-        help="re-encrypt an encrypted data_dir under a new key",
-        description="Re-encrypts an encrypted data_dir. The current key as for every command "
-        f"(SVC_STATE_KEY or SVC_STATE_KEY_FILE); the new one from {NEW_KEY_ENV} or "
-        f"{NEW_KEY_FILE_ENV}.",
-    )
-    rek.add_argument("data_dir", help="the agent's data_dir")
-    rek.set_defaults(func=_rekey)
-    dec = cmds.add_parser(
-        "decrypt",
-        help="turn an encrypted data_dir back to plaintext",
-        description="Decrypts every database of an encrypted data_dir in place. " + _KEY_SOURCES,
-    )
-    dec.add_argument("data_dir", help="the agent's data_dir")
-    dec.set_defaults(func=_decrypt)
-    status = cmds.add_parser(
-        "status",
-        help="say whether a data_dir is encrypted",
-        description="Prints encrypted, plaintext or empty, from the files' headers (no key).",
-    )
-    status.add_argument("data_dir", help="the agent's data_dir")
-    status.set_defaults(func=_status)
+    for name, helptext, description, func in (
+        (
+            "encrypt",
+            "encrypt a plaintext data_dir in place",
+            "Encrypts every database of a plaintext data_dir in place. " + _KEY_SOURCES,
+            _encrypt,
+        ),
+        (
+            "rekey",
+            "re-encrypt an encrypted data_dir under a new key",
+            "Re-encrypts an encrypted data_dir. The current key as for every command "
+            f"(SVC_STATE_KEY or SVC_STATE_KEY_FILE); the new one from {NEW_KEY_ENV} or "
+            f"{NEW_KEY_FILE_ENV}.",
+            _rekey,
+        ),
+        (
+            "decrypt",
+            "turn an encrypted data_dir back to plaintext",
+            "Decrypts every database of an encrypted data_dir in place. " + _KEY_SOURCES,
+            _decrypt,
+        ),
+        (
+            "status",
+            "say whether a data_dir is encrypted",
+            "Prints encrypted, plaintext or empty, from the files' headers (no key).",
+            _status,
+        ),
+    ):
+        command = cmds.add_parser(name, help=helptext, description=description)
+        command.add_argument("data_dir", help="the agent's data_dir")
+        command.set_defaults(func=func)
     gen = cmds.add_parser(
         "keygen",
         help="make a new random state key",
