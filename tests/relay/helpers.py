@@ -17,6 +17,16 @@ from svc_sdk.testing import certify_with_api
 from ..conftest import ISSUER
 
 
+def commit_frame(channel: str, pending: PendingCommit) -> pb.Commit:
+    """The Commit request that sends ``pending``."""
+    return pb.Commit(
+        channel=channel,
+        epoch=pending.epoch,
+        commit=pending.commit,
+        welcome=pending.welcome or b"",
+    )
+
+
 @dataclass
 class Member:
     name: str
@@ -54,14 +64,7 @@ class Member:
     async def commit(self, channel: str, pending: PendingCommit) -> pb.Reply:
         """Sends ``pending`` and applies it once the relay accepted it."""
         assert self.group is not None
-        reply = await self.conn.request(
-            pb.Commit(
-                channel=channel,
-                epoch=pending.epoch,
-                commit=pending.commit,
-                welcome=pending.welcome or b"",
-            )
-        )
+        reply = await self.conn.request(commit_frame(channel, pending))
         self.group.apply_pending_commit()
         self.cursor = reply.seq
         return reply
@@ -71,15 +74,7 @@ class Member:
         the pending commit cleared."""
         assert self.group is not None
         pending = self.group.add_members(key_packages)
-        reply = await self.conn.request(
-            pb.Commit(
-                channel=channel,
-                epoch=pending.epoch,
-                commit=pending.commit,
-                welcome=pending.welcome or b"",
-            ),
-            check=False,
-        )
+        reply = await self.conn.request(commit_frame(channel, pending), check=False)
         self.group.clear_pending_commit()
         return reply
 
