@@ -361,12 +361,12 @@ impl GroupHandle {
                     ciphertext,
                 });
             }
-            let ciphertexts = rows.iter().map(|r| r.ciphertext.clone()).collect();
             store.stage(&self.group_id, rows);
             let written = g.write_to_storage();
-            store.unstage(&self.group_id);
+            let rows = store.unstage(&self.group_id);
             written.map_err(|e| EngineError::mls("group storage", e))?;
-            Ok((epoch, ciphertexts))
+            let rows = rows.ok_or_else(|| EngineError::Storage("the staged outbox rows are gone".into()))?;
+            Ok((epoch, rows.into_iter().map(|r| r.ciphertext).collect()))
         })
     }
 

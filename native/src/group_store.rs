@@ -25,6 +25,9 @@ const EPOCH_RETENTION: u64 = 3;
 
 const WAL_AUTOCHECKPOINT_PAGES: i64 = 8_000;
 
+// A rowid table: its rows (payload and ciphertext) are far larger than the 1/20 of a
+// page that suits WITHOUT ROWID, where they would spread the key's B-tree over overflow
+// chains and cost every insert and delete more page writes.
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS svc_outbox (
     group_id BLOB NOT NULL,
     pos INTEGER NOT NULL,
@@ -32,8 +35,24 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS svc_outbox (
     epoch INTEGER NOT NULL,
     payload BLOB NOT NULL,
     ciphertext BLOB NOT NULL,
-    PRIMARY KEY (group_id, pos)
-) WITHOUT ROWID;";
+    UNIQUE (group_id, pos)
+);";
+
+/// Data dirs written before the rowid layout hold a WITHOUT ROWID `svc_outbox`: its
+/// rows move to the new table in one transaction.
+const MIGRATE_WITHOUT_ROWID: &str = "ALTER TABLE svc_outbox RENAME TO svc_outbox_without_rowid;
+    CREATE TABLE svc_outbox (
+        group_id BLOB NOT NULL,
+        pos INTEGER NOT NULL,
+        id BLOB NOT NULL,
+        epoch INTEGER NOT NULL,
+        payload BLOB NOT NULL,
+        ciphertext BLOB NOT NULL,
+        UNIQUE (group_id, pos)
+    );
+    INSERT INTO svc_outbox (group_id, pos, id, epoch, payload, ciphertext)
+        SELECT group_id, pos, id, epoch, payload, ciphertext FROM svc_outbox_without_rowid ORDER BY group_id, pos;
+    DROP TABLE svc_outbox_without_rowid;";
 
 /// One outbox row: its position in send order, the message id the relay dedupes by,
 /// the epoch it was encrypted in, the plaintext (re-encrypted if that epoch goes stale)
@@ -64,7 +83,19 @@ fn int(v: u64) -> Result<i64> {
 impl GroupStore {
     /// Opens the store on `db`, where mls-rs's migration has created its tables.
     pub fn open(db: &Path, key: Option<&crate::state_key::StateKey>) -> Result<Self> {
-        let conn = crate::storage::open_connection(db, key)?;
+        let mut conn = crate::storage::open_connection(db, key)?;
+        let without_rowid: Option<bool> = conn
+            .query_row(
+                "SELECT sql LIKE '%WITHOUT ROWID%' FROM sqlite_master WHERE type = 'table' AND name = 'svc_outbox'",
+                [],
+                |row| row.get(0),
+            )
+            .optional()?;
+        if without_rowid == Some(true) {
+            let tx = conn.transaction()?;
+            tx.execute_batch(MIGRATE_WITHOUT_ROWID)?;
+            tx.commit()?;
+        }
         conn.execute_batch(SCHEMA)?;
         // Every send rewrites the group's state: the same few pages, again and again. A
         // checkpoint copies each page once however often it changed, and costs two
@@ -92,8 +123,9 @@ impl GroupStore {
         self.staged().insert(group_id.to_vec(), rows);
     }
 
-    pub(crate) fn unstage(&self, group_id: &[u8]) {
-        self.staged().remove(group_id);
+    /// Takes back the rows staged for `group_id` (the caller's ciphertexts, uncopied).
+    pub(crate) fn unstage(&self, group_id: &[u8]) -> Option<Vec<OutboxRow>> {
+        self.staged().remove(group_id)
     }
 
     /// The group's unacknowledged messages, in send order.
@@ -141,7 +173,10 @@ impl GroupStore {
     }
 
     fn write_state(&self, state: &GroupState, inserts: &[EpochRecord], updates: &[EpochRecord]) -> Result<()> {
-        let staged = self.staged().get(&state.id).cloned();
+        // Held through the write instead of copying the rows out: always taken before
+        // `conn`, never the other way round.
+        let staged = self.staged();
+        let staged = staged.get(&state.id);
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         tx.prepare_cached(
@@ -163,7 +198,7 @@ impl GroupStore {
             tx.prepare_cached("DELETE FROM epoch WHERE group_id = ?1 AND epoch_id <= ?2")?
                 .execute(params![state.id, int(newest - EPOCH_RETENTION)?])?;
         }
-        for row in staged.iter().flatten() {
+        for row in staged.into_iter().flatten() {
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO svc_outbox (group_id, pos, id, epoch, payload, ciphertext)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",

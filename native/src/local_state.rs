@@ -106,8 +106,8 @@ impl LocalStore {
         })
     }
 
-    /// Stores the rows and the new cursor in one transaction.
-    pub fn advance(&self, name: &str, cursor: i64, received: &[InboxRow]) -> Result<()> {
+    /// Stores the rows `(seq, sender, payload)` and the new cursor in one transaction.
+    pub fn advance(&self, name: &str, cursor: i64, received: &[(i64, &[u8], &[u8])]) -> Result<()> {
         self.with(|c| {
             let tx = c.transaction()?;
             {

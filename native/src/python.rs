@@ -17,7 +17,7 @@ use crate::credential::{AgentCredentialContent, CredentialRequestContent, TrustA
 use crate::engine::{Engine, DEFAULT_CIPHER_SUITE, PQ_CIPHER_SUITE};
 use crate::error::EngineError;
 use crate::group::{CommitInfo, GroupHandle, PendingCommit, Received};
-use crate::local_state::{InboxRow, LocalStore};
+use crate::local_state::LocalStore;
 use crate::policy::{Role, RolesExt};
 use crate::state_key::{self, StateKey};
 use crate::tracker::{Observed, TrackedGroup, Tracker};
@@ -1070,8 +1070,21 @@ impl PyLocalStore {
         py.allow_threads(|| self.inner.remove_channel(name)).map_err(to_py)
     }
 
-    fn advance(&self, py: Python<'_>, name: &str, cursor: i64, received: Vec<InboxRow>) -> PyResult<()> {
-        py.allow_threads(|| self.inner.advance(name, cursor, &received))
+    // Payloads arrive as `bytes` and are borrowed, not extracted as Vec<u8>: pyo3 would
+    // convert a `bytes` to a Vec one element at a time (a Python int per byte).
+    #[allow(clippy::type_complexity)]
+    fn advance(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        cursor: i64,
+        received: Vec<(i64, Bound<'_, PyBytes>, Bound<'_, PyBytes>)>,
+    ) -> PyResult<()> {
+        let rows: Vec<(i64, &[u8], &[u8])> = received
+            .iter()
+            .map(|(seq, sender, payload)| (*seq, sender.as_bytes(), payload.as_bytes()))
+            .collect();
+        py.allow_threads(|| self.inner.advance(name, cursor, &rows))
             .map_err(to_py)
     }
 

@@ -1045,3 +1045,42 @@ fn queued_messages_are_stored_with_the_ratchet_or_not_at_all() {
     common::certified(copy.path(), b"bob", None).delete_group(b"g").unwrap();
     assert_eq!(count(), 0);
 }
+
+#[test]
+fn an_outbox_in_the_without_rowid_layout_is_moved_to_the_rowid_table() {
+    let dir_b = tempfile::tempdir().unwrap();
+    let (_a, g, gb, _) = alice_and_bob(dir_b.path());
+    gb.encrypt_queued(&[(1, b"id-1", b"q1"), (2, b"id-2", b"q2")]).unwrap();
+    let rows = gb.outbox().unwrap();
+    drop(gb);
+
+    // Rewrite the table in the layout data dirs had before, rows included.
+    let copy = snapshot(dir_b.path());
+    let layout = |db: &rusqlite::Connection| -> String {
+        db.query_row("SELECT sql FROM sqlite_master WHERE name = 'svc_outbox'", [], |r| {
+            r.get(0)
+        })
+        .unwrap()
+    };
+    {
+        let db = rusqlite::Connection::open(copy.path().join("mls.sqlite3")).unwrap();
+        db.execute_batch(
+            "ALTER TABLE svc_outbox RENAME TO current;
+             CREATE TABLE svc_outbox (group_id BLOB NOT NULL, pos INTEGER NOT NULL, id BLOB NOT NULL,
+                 epoch INTEGER NOT NULL, payload BLOB NOT NULL, ciphertext BLOB NOT NULL,
+                 PRIMARY KEY (group_id, pos)) WITHOUT ROWID;
+             INSERT INTO svc_outbox SELECT group_id, pos, id, epoch, payload, ciphertext FROM current;
+             DROP TABLE current;",
+        )
+        .unwrap();
+        assert!(layout(&db).contains("WITHOUT ROWID"));
+    }
+
+    let restarted = common::certified(copy.path(), b"bob", None).group(b"g").unwrap();
+    assert_eq!(restarted.outbox().unwrap(), rows, "every row moved, in order");
+    let db = rusqlite::Connection::open(copy.path().join("mls.sqlite3")).unwrap();
+    assert!(!layout(&db).contains("WITHOUT ROWID"), "{}", layout(&db));
+    let (_, next) = restarted.encrypt_queued(&[(3, b"id-3", b"q3")]).unwrap();
+    assert_eq!(app_data(g.process(&next[0]).unwrap()).1, b"q3");
+    assert_eq!(restarted.outbox().unwrap().len(), 3);
+}
