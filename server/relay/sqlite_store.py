@@ -4,7 +4,8 @@ Under load, writes go through one thread that drains every pending request into 
 single transaction (group commit), so `synchronous=FULL` costs one fsync per batch, not
 per message. When nothing is pending (and with `synchronous=NORMAL`), a request commits
 on the event loop at once, which saves two thread hand-offs of latency. Reads use their
-own connection and thread; WAL lets them run beside writes.
+own connection and thread; WAL lets them run beside writes. Checkpoints, where
+`synchronous=NORMAL` waits for the disk, run on a thread of their own (sqlite_checkpoints).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from .sqlite_checkpoints import Checkpointer
 from .store import (
     MAX_PENDING_WELCOMES,
     CommitRejected,
@@ -99,6 +101,8 @@ def _connect(path: Path, sync: str) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute(f"PRAGMA synchronous={'FULL' if sync == 'full' else 'NORMAL'}")
     conn.execute("PRAGMA busy_timeout=10000")
+    # Never inside a commit (an fsync on the event loop): the Checkpointer's thread does it.
+    conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
 
 
@@ -116,6 +120,7 @@ class SqliteLogStore:
         self._writer: threading.Thread | None = None
         self._reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="svc-log-read")
         self._read_conn: sqlite3.Connection | None = None
+        self._checkpointer: Checkpointer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: sqlite3.Connection | None = None  # the writer's; used under _busy
         self._busy = threading.Lock()
@@ -139,6 +144,8 @@ class SqliteLogStore:
         )
         self._writer.start()
         self._read_conn = _connect(self._path, self._sync)
+        self._checkpointer = Checkpointer(lambda: _connect(self._path, self._sync))
+        self._checkpointer.start()
 
     async def close(self) -> None:
         self._inline = False
@@ -147,6 +154,9 @@ class SqliteLogStore:
             await asyncio.to_thread(self._writer.join)
             self._writer = None
         self._reads.shutdown(wait=True)
+        if self._checkpointer is not None:
+            await asyncio.to_thread(self._checkpointer.stop)
+            self._checkpointer = None
         if self._read_conn is not None:
             self._read_conn.close()
 
@@ -210,6 +220,8 @@ class SqliteLogStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return [], [], [(future, None, exc) for _, future in batch]
+        if self._checkpointer is not None:
+            self._checkpointer.wrote()
         return entries, welcomes, results
 
     def _settle(

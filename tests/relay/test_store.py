@@ -228,6 +228,29 @@ async def test_large_writes_and_trims_never_run_on_the_event_loop(tmp_path: Path
     assert ran_on == [loop_thread, "svc-log-write", "svc-log-write", "svc-log-write"]
 
 
+async def test_checkpoints_run_on_their_own_thread_never_in_a_commit(tmp_path: Path) -> None:
+    """SQLite's automatic checkpoint would run inside a commit on the event loop, with two
+    fsyncs (synchronous=NORMAL): the WAL is copied back by the checkpoint thread instead."""
+    path = tmp_path / "relay.sqlite3"
+    store = SqliteLogStore(path)
+    await store.start()
+    try:
+        assert store._conn is not None and store._read_conn is not None
+        for conn in (store._conn, store._read_conn):
+            assert conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+        before = path.stat().st_size
+        body = b"m" * 4096
+        for _ in range(300):  # ~2 pages each: past SQLite's automatic threshold of 1,000
+            await store.append("a/b/c", b"s", body, 0)
+        deadline = time.monotonic() + 10
+        while path.stat().st_size < before + 300 * len(body) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert path.stat().st_size >= before + 300 * len(body), "the WAL was copied back"
+        assert [e.seq for e in await store.read("a/b/c", 298, 10)] == [299, 300]
+    finally:
+        await store.close()
+
+
 class _SwallowsOneCancel:
     """A follower connection whose XREAD loses the first cancellation, as redis-py's
     asyncio.wait_for around a socket write does on Python 3.11 when the cancel arrives
