@@ -22,6 +22,9 @@ BENCH = Path(__file__).parents[1] / "bench"
         ("e2e.py", ["--runs", "0"], "--runs: must be at least 1, not 0"),
         ("e2e.py", ["--round-trips", "-1"], "--round-trips: must be at least 1, not -1"),
         ("e2e.py", ["--messages", "lots"], "--messages: 'lots' is not a whole number"),
+        ("rtt_legs.py", ["--pings", "0"], "--pings: must be at least 1, not 0"),
+        ("rtt_legs.py", ["--pings", "5"], "--pings must be more than --warm-up"),
+        ("rtt_legs.py", ["--slowest", "-1"], "--slowest: must be at least 0, not -1"),
     ],
 )
 def test_bench_rejects_bad_counts(script: str, argument: list[str], error: str) -> None:
