@@ -6,8 +6,9 @@ where the disk is waited for: two fsyncs. The relay commits small writes on its 
 loop (``SqliteLogStore._enqueue``), so that commit stalled every stream for the length of
 the fsyncs (~6 ms here) — the tail of every round trip. The log's connections turn the
 automatic checkpoint off (``wal_autocheckpoint=0``) and this thread checkpoints instead,
-on its own connection, shortly after commits: a PASSIVE checkpoint waits for no reader
-and no writer, and none of them waits for it.
+on its own connection, as often as SQLite would (every ~1,000 pages written, estimated
+by the store; a smaller trickle after a second): a PASSIVE checkpoint waits for no
+reader and no writer, and none of them waits for it.
 
 Durability is unchanged: a commit is in the WAL either way, and the WAL is what recovery
 reads after a crash; the checkpoint only copies it into the database file.
@@ -18,23 +19,26 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 
 log = logging.getLogger("svc.relay.store")
 
-#: How long after a commit the checkpoint follows: the WAL holds at most about this much
-#: time's worth of writes (plus one checkpoint's duration) before it is copied back.
-INTERVAL_SECONDS = 0.1
+#: Pages written (estimated) that make a checkpoint due: SQLite's own threshold, so
+#: checkpoints come as often as before, each copying as much.
+PAGES = 1000
+#: A trickle of writes is checkpointed this long after it began.
+IDLE_SECONDS = 1.0
 
 
 class Checkpointer:
     """Checkpoints the WAL of the database ``connect()`` opens, on its own thread, once
-    :meth:`wrote` said there is something to copy."""
+    :meth:`wrote` has counted enough pages (or a second after a smaller write)."""
 
     def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
         self._connect = connect
-        self._wrote = threading.Event()
+        self._lock = threading.Lock()
+        self._pages = 0
+        self._due = threading.Event()
         self._stopping = False
         self._failing = False
         self._thread: threading.Thread | None = None
@@ -47,14 +51,18 @@ class Checkpointer:
         )
         self._thread.start()
 
-    def wrote(self) -> None:
-        """A transaction committed (any thread): checkpoint soon."""
-        self._wrote.set()
+    def wrote(self, pages: int) -> None:
+        """About ``pages`` pages are being written to the WAL (any thread)."""
+        with self._lock:
+            self._pages += pages
+            due = self._pages >= PAGES
+        if due:
+            self._due.set()
 
     def stop(self) -> None:
         """Stops the thread after one last checkpoint (blocks until it has ended)."""
         self._stopping = True
-        self._wrote.set()
+        self._due.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -62,13 +70,12 @@ class Checkpointer:
     def _run(self, conn: sqlite3.Connection) -> None:
         try:
             while True:
-                self._wrote.wait()
-                if not self._stopping:
-                    # Let a burst of commits finish first: one checkpoint copies each page
-                    # once, however often it changed.
-                    time.sleep(INTERVAL_SECONDS)
-                self._wrote.clear()
-                self._checkpoint(conn)
+                self._due.wait(IDLE_SECONDS)
+                self._due.clear()
+                with self._lock:
+                    pages, self._pages = self._pages, 0
+                if pages or self._stopping:
+                    self._checkpoint(conn)
                 if self._stopping:
                     return
         finally:
@@ -79,10 +86,12 @@ class Checkpointer:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
             # A full disk or an I/O error: the WAL keeps every commit, and the next
-            # commit asks again. Said once, not ten times a second.
+            # write asks again. Said once, not at every retry.
             if not self._failing:
                 log.warning("WAL checkpoint of the relay log failed (retried): %s", exc)
             self._failing = True
+            with self._lock:
+                self._pages += PAGES  # due again at the next write
             return
         if self._failing:
             log.warning("WAL checkpoint of the relay log works again")

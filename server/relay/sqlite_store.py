@@ -220,8 +220,6 @@ class SqliteLogStore:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             return [], [], [(future, None, exc) for _, future in batch]
-        if self._checkpointer is not None:
-            self._checkpointer.wrote()
         return entries, welcomes, results
 
     def _settle(
@@ -247,6 +245,10 @@ class SqliteLogStore:
         where a commit does not wait for the disk. Large writes, and retention's
         deletes, always go to the writer thread: they would stall every stream."""
         assert self._loop is not None, "start() the store first"
+        if self._checkpointer is not None:
+            # Pages this write adds to the WAL, roughly: its bytes, plus the rows and
+            # index entries around them.
+            self._checkpointer.wrote(size // 4096 + 4)
         future: asyncio.Future[Any] = self._loop.create_future()
         inline = self._inline and size <= INLINE_MAX_BYTES
         if inline and self._queued == 0 and self._busy.acquire(blocking=False):
