@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 from typing import TYPE_CHECKING
 
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -110,7 +109,7 @@ class Deliveries:
         progress = _Progress()
         try:
             handed = self._handle_items(items, reader, limit, progress)
-        except (InternalError, sqlite3.Error, OSError) as exc:
+        except (InternalError, OSError) as exc:
             rest = items[progress.durable :]
             with contextlib.suppress(InternalError, MlsError):
                 channel._group.discard_unsaved()

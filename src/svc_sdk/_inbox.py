@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sqlite3
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -120,7 +119,7 @@ class Inbox:
         """Messages waiting to be read, in memory and on disk."""
         on_disk = 0
         if self.spilled:
-            with contextlib.suppress(sqlite3.Error, OSError, InternalError):
+            with contextlib.suppress(OSError, InternalError):
                 on_disk = self._client.state.inbox_count(self._name, self.loaded_through)
         return len(self.messages) + on_disk
 
@@ -140,7 +139,7 @@ class Inbox:
         room = FILTERED_PAGE if filtered else MEMORY_MESSAGES - len(self.messages)
         try:
             rows = self._client.state.inbox(self._name, self.loaded_through, room)
-        except (sqlite3.Error, OSError, InternalError) as exc:
+        except (OSError, InternalError) as exc:
             log.warning("channel %s: could not read the inbox back: %s", self._name, exc)
             return False
         self.spilled = False  # add() sets it again if memory fills before the page ends
@@ -210,7 +209,7 @@ class Inbox:
         self.flushed_at = time.monotonic()
         try:
             self._client.state.consumed(self._name, through, extra, cursor)
-        except (InternalError, sqlite3.Error, OSError) as exc:
+        except (InternalError, OSError) as exc:
             # Only the record of what was read failed (disk full, I/O error); the
             # messages were handed over. Kept to record again on the next flush: a crash
             # meanwhile hands them out a second time, never loses one.

@@ -4,12 +4,11 @@ reordered, for plain and filtered reads, and across a restart."""
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 import pytest
 
-from svc_sdk import Channel
+from svc_sdk import Channel, InternalError
 from svc_sdk import _inbox as inbox_module
 from svc_sdk.testing import LocalStack
 
@@ -103,7 +102,7 @@ def test_while_reading_back_fails_newer_messages_do_not_pass_the_stored_ones(
         real = cb.state.inbox
 
         def failing(*args: Any, **kwargs: Any) -> Any:
-            raise sqlite3.OperationalError("disk I/O error")
+            raise InternalError("runtime error: disk I/O error (injected)")
 
         monkeypatch.setattr(cb.state, "inbox", failing)
         chan_a.send(b"newer")

@@ -8,7 +8,6 @@ chooses."""
 
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
 import time
@@ -61,7 +60,7 @@ def failing_inbox(client: Any, fail: set[int]) -> None:
     def advance(*args: Any) -> None:
         calls[0] += 1
         if calls[0] in fail:
-            raise sqlite3.OperationalError("database or disk is full (injected)")
+            raise InternalError("runtime error: database or disk is full (injected)")
         real(*args)
 
     client.state.advance = advance
@@ -161,7 +160,7 @@ def test_a_failed_record_of_what_was_read_hands_out_everything_once(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
     """The write that records which messages were read (inbox delete and cursor) failing
-    used to raise sqlite3.OperationalError out of next_messages, after the messages had
+    used to raise its storage error out of next_messages, after the messages had
     left the buffer: the caller lost them. Now the read returns them and the record is
     written once the disk has room; an explicit flush() says it failed."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
@@ -199,7 +198,7 @@ def disk_full(client: Any, write: str = "advance") -> list[bool]:
 
     def failing(*args: Any) -> None:
         if full[0]:
-            raise sqlite3.OperationalError("database or disk is full (injected)")
+            raise InternalError("runtime error: database or disk is full (injected)")
         real(*args)
 
     setattr(client.state, write, failing)
