@@ -23,7 +23,7 @@ use crate::error::{EngineError, Result};
 /// How many prior epochs a group keeps, as mls-rs-provider-sqlite's default.
 const EPOCH_RETENTION: u64 = 3;
 
-const WAL_AUTOCHECKPOINT_PAGES: i64 = 8_000;
+pub(crate) const WAL_AUTOCHECKPOINT_PAGES: i64 = 8_000;
 
 // A rowid table: its rows (payload and ciphertext) are far larger than the 1/20 of a
 // page that suits WITHOUT ROWID, where they would spread the key's B-tree over overflow
