@@ -38,19 +38,10 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS svc_outbox (
     UNIQUE (group_id, pos)
 );";
 
-/// Data dirs written before the rowid layout hold a WITHOUT ROWID `svc_outbox`: its
-/// rows move to the new table in one transaction.
-const MIGRATE_WITHOUT_ROWID: &str = "ALTER TABLE svc_outbox RENAME TO svc_outbox_without_rowid;
-    CREATE TABLE svc_outbox (
-        group_id BLOB NOT NULL,
-        pos INTEGER NOT NULL,
-        id BLOB NOT NULL,
-        epoch INTEGER NOT NULL,
-        payload BLOB NOT NULL,
-        ciphertext BLOB NOT NULL,
-        UNIQUE (group_id, pos)
-    );
-    INSERT INTO svc_outbox (group_id, pos, id, epoch, payload, ciphertext)
+/// Data dirs written before the rowid layout hold a WITHOUT ROWID `svc_outbox`: in one
+/// transaction it is renamed, the new table created ([`SCHEMA`]) and the rows moved.
+const MIGRATE_RENAME: &str = "ALTER TABLE svc_outbox RENAME TO svc_outbox_without_rowid;";
+const MIGRATE_MOVE: &str = "INSERT INTO svc_outbox (group_id, pos, id, epoch, payload, ciphertext)
         SELECT group_id, pos, id, epoch, payload, ciphertext FROM svc_outbox_without_rowid ORDER BY group_id, pos;
     DROP TABLE svc_outbox_without_rowid;";
 
@@ -93,7 +84,9 @@ impl GroupStore {
             .optional()?;
         if without_rowid == Some(true) {
             let tx = conn.transaction()?;
-            tx.execute_batch(MIGRATE_WITHOUT_ROWID)?;
+            tx.execute_batch(MIGRATE_RENAME)?;
+            tx.execute_batch(SCHEMA)?;
+            tx.execute_batch(MIGRATE_MOVE)?;
             tx.commit()?;
         }
         conn.execute_batch(SCHEMA)?;
