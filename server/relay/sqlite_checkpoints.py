@@ -39,10 +39,12 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._pages = 0
         self._due = threading.Event()
+        self._stopped = threading.Event()  # set by stop(): ends a wait between retries
         self._stopping = False
         self._failing = False
         self._thread: threading.Thread | None = None
         self.checkpoints = 0  # completed, for tests and metrics
+        self.failures = 0
 
     def start(self) -> None:
         conn = self._connect()
@@ -62,6 +64,7 @@ class Checkpointer:
     def stop(self) -> None:
         """Stops the thread after one last checkpoint (blocks until it has ended)."""
         self._stopping = True
+        self._stopped.set()
         self._due.set()
         if self._thread is not None:
             self._thread.join()
@@ -74,26 +77,30 @@ class Checkpointer:
                 self._due.clear()
                 with self._lock:
                     pages, self._pages = self._pages, 0
-                if pages or self._stopping:
-                    self._checkpoint(conn)
+                if (pages or self._stopping) and not self._checkpoint(conn):
+                    with self._lock:
+                        self._pages += pages  # still to copy
+                    if not self._stopping:
+                        # Not once per write while the disk is full: once a second.
+                        self._stopped.wait(IDLE_SECONDS)
                 if self._stopping:
                     return
         finally:
             conn.close()
 
-    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+    def _checkpoint(self, conn: sqlite3.Connection) -> bool:
         try:
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
-            # A full disk or an I/O error: the WAL keeps every commit, and the next
-            # write asks again. Said once, not at every retry.
+            # A full disk or an I/O error: the WAL keeps every commit, and the checkpoint
+            # is tried again. Said once, not at every try.
             if not self._failing:
                 log.warning("WAL checkpoint of the relay log failed (retried): %s", exc)
             self._failing = True
-            with self._lock:
-                self._pages += PAGES  # due again at the next write
-            return
+            self.failures += 1
+            return False
         if self._failing:
             log.warning("WAL checkpoint of the relay log works again")
         self._failing = False
         self.checkpoints += 1
+        return True

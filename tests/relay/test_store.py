@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from svc_server.relay import redis_store
+from svc_server.relay import redis_store, sqlite_checkpoints
 from svc_server.relay.redis_store import RedisLogStore
+from svc_server.relay.sqlite_checkpoints import Checkpointer
 from svc_server.relay.sqlite_store import INLINE_MAX_BYTES, SqliteLogStore
 from svc_server.relay.store import (
     MAX_PENDING_WELCOMES,
@@ -249,6 +250,46 @@ async def test_checkpoints_run_on_their_own_thread_never_in_a_commit(tmp_path: P
         assert [e.seq for e in await store.read("a/b/c", 298, 10)] == [299, 300]
     finally:
         await store.close()
+
+
+class _FullDisk:
+    """A connection whose checkpoint fails as on a full disk, until ``full`` is false."""
+
+    def __init__(self) -> None:
+        self.full = True
+        self.tries = 0
+
+    def execute(self, sql: str) -> Any:
+        self.tries += 1
+        if self.full:
+            raise sqlite3.OperationalError("database or disk is full")
+        return self
+
+    def fetchone(self) -> tuple[int, int, int]:
+        return (0, 0, 0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failing_checkpoint_is_retried_once_a_second_not_once_per_write() -> None:
+    disk = _FullDisk()
+    checkpoints = Checkpointer(lambda: disk)  # type: ignore[arg-type, return-value]
+    checkpoints.start()
+    try:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            checkpoints.wrote(sqlite_checkpoints.PAGES)
+            time.sleep(0.001)
+        assert 1 <= disk.tries <= 2, f"{disk.tries} tries in 0.5 s of writes"
+        disk.full = False
+        deadline = time.monotonic() + 5
+        while checkpoints.checkpoints == 0 and time.monotonic() < deadline:
+            checkpoints.wrote(1)
+            time.sleep(0.01)
+        assert checkpoints.checkpoints >= 1, "tried again once the disk had room"
+    finally:
+        checkpoints.stop()
 
 
 class _SwallowsOneCancel:
