@@ -353,22 +353,27 @@ async def _svc_async_sender(stack: dict[str, str], channel: str, plan: Plan, con
     conn.send(result)
 
 
-def svc_run(plan: Plan, use_async: bool = False) -> dict[str, Any]:
-    """One run through a fresh ``svc up``: sender and receiver in their own processes,
-    with the blocking API or (``use_async``) the asyncio one."""
+def agent_pair(
+    prefix: str,
+    receive: Callable[..., None],
+    send: Callable[..., None],
+    send_arg: Any,
+) -> tuple[Any, Any]:
+    """Runs a receiver and a sender, each in its own process, through a fresh ``svc up``;
+    returns what each sent back last. ``receive(stack, channel, conn)`` sends its key
+    package, gets the Welcome, says "ready", then its result; ``send(stack, channel,
+    send_arg, conn)`` gets the key package, sends the Welcome, waits for "go", then sends
+    its result. ``prefix`` starts the channel's name."""
     from svc_sdk.testing import LocalStack
 
     ctx = mp.get_context("spawn")
-    channel = f"bench/e2e/{uuid.uuid4().hex[:12]}"
+    channel = f"{prefix}/{uuid.uuid4().hex[:12]}"
     with LocalStack() as running:
         stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}
         to_receiver, receiver_end = ctx.Pipe()
         to_sender, sender_end = ctx.Pipe()
-        receive, send = (
-            (svc_async_receiver, svc_async_sender) if use_async else (svc_receiver, svc_sender)
-        )
         receiver = ctx.Process(target=receive, args=(stack, channel, receiver_end))
-        sender = ctx.Process(target=send, args=(stack, channel, plan, sender_end))
+        sender = ctx.Process(target=send, args=(stack, channel, send_arg, sender_end))
         receiver.start()
         sender.start()
         try:
@@ -376,13 +381,23 @@ def svc_run(plan: Plan, use_async: bool = False) -> dict[str, Any]:
             to_receiver.send(to_sender.recv())  # Welcome
             assert to_receiver.recv() == "ready"
             to_sender.send("go")
-            result: dict[str, Any] = to_sender.recv()
-            result["receiver_maxrss_mib"] = to_receiver.recv()["maxrss_mib"]
+            return to_sender.recv(), to_receiver.recv()
         finally:
             for proc in (sender, receiver):
                 proc.join(30)
                 if proc.is_alive():
                     proc.kill()
+
+
+def svc_run(plan: Plan, use_async: bool = False) -> dict[str, Any]:
+    """One run through a fresh ``svc up``: sender and receiver in their own processes,
+    with the blocking API or (``use_async``) the asyncio one."""
+    receive, send = (
+        (svc_async_receiver, svc_async_sender) if use_async else (svc_receiver, svc_sender)
+    )
+    result, received = agent_pair("bench/e2e", receive, send, plan)
+    result["receiver_maxrss_mib"] = received["maxrss_mib"]
+    assert isinstance(result, dict)
     return result
 
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import multiprocessing as mp
 import statistics
 import tempfile
 import time
-import uuid
 from typing import Any
+
+from e2e import agent_pair  # bench/e2e.py: the same two agents through a fresh svc up
 
 from svc_sdk._argtypes import whole_number
 
@@ -137,32 +137,7 @@ def main() -> int:
     if args.pings <= args.warm_up:
         parser.error("--pings must be more than --warm-up")
 
-    from svc_sdk.testing import LocalStack
-
-    ctx = mp.get_context("spawn")
-    channel = f"bench/legs/{uuid.uuid4().hex[:12]}"
-    with LocalStack() as running:
-        stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}
-        to_receiver, receiver_end = ctx.Pipe()
-        to_sender, sender_end = ctx.Pipe()
-        procs = [
-            ctx.Process(target=receiver, args=(stack, channel, receiver_end)),
-            ctx.Process(target=sender, args=(stack, channel, args.pings, sender_end)),
-        ]
-        for proc in procs:
-            proc.start()
-        try:
-            to_sender.send(to_receiver.recv())  # key package
-            to_receiver.send(to_sender.recv())  # Welcome
-            assert to_receiver.recv() == "ready"
-            to_sender.send("go")
-            sender_marks = to_sender.recv()
-            receiver_marks = to_receiver.recv()
-        finally:
-            for proc in procs:
-                proc.join(30)
-                if proc.is_alive():
-                    proc.kill()
+    sender_marks, receiver_marks = agent_pair("bench/legs", receiver, sender, args.pings)
 
     rows = legs(sender_marks, receiver_marks, args.warm_up)
     print(f"Round trips of {PING} B, {len(rows)} after {args.warm_up} warm-up; ms\n")
