@@ -292,6 +292,38 @@ def test_a_failing_checkpoint_is_retried_once_a_second_not_once_per_write() -> N
         checkpoints.stop()
 
 
+async def test_messages_stay_stored_and_readable_while_checkpoints_fail(tmp_path: Path) -> None:
+    """Checkpoints failing (a full disk) lose nothing: every commit is in the WAL."""
+    disk = _FullDisk()
+    original = sqlite_checkpoints.Checkpointer.__init__
+
+    def failing(self: Checkpointer, connect: Any) -> None:
+        original(self, lambda: disk)
+
+    store = SqliteLogStore(tmp_path / "relay.sqlite3")
+    sqlite_checkpoints.Checkpointer.__init__ = failing  # type: ignore[method-assign]
+    try:
+        await store.start()
+    finally:
+        sqlite_checkpoints.Checkpointer.__init__ = original  # type: ignore[method-assign]
+    try:
+        for i in range(300):
+            await store.append("a/b/c", b"s", b"m%d" % i + b"x" * 4096, 0)
+        await asyncio.sleep(0.2)
+        assert disk.tries >= 1, "a checkpoint was tried, and failed"
+        read = await store.read("a/b/c", 0, 1000)
+        assert [e.message[:4] for e in read[:2]] == [b"m0xx", b"m1xx"]
+        assert len(read) == 300 and read[-1].message.startswith(b"m299")
+    finally:
+        await store.close()
+    reopened = SqliteLogStore(tmp_path / "relay.sqlite3")
+    await reopened.start()
+    try:
+        assert len(await reopened.read("a/b/c", 0, 1000)) == 300, "durable across a restart"
+    finally:
+        await reopened.close()
+
+
 class _SwallowsOneCancel:
     """A follower connection whose XREAD loses the first cancellation, as redis-py's
     asyncio.wait_for around a socket write does on Python 3.11 when the cancel arrives
