@@ -9,7 +9,9 @@ use pyo3::import_exception;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::transport::{Connection, ConnectionConfig, RelayStream, State, TransportError as SetupError};
+use crate::transport::{
+    Connection, ConnectionConfig, RelayStream, State, TransportError as SetupError, RECEIVE_HIGH_WATER,
+};
 
 import_exception!(svc_sdk.errors, TransportError);
 
@@ -60,7 +62,9 @@ impl PyRelayChannel {
 
 /// One relay protocol stream (`/svc.relay.v1.Relay/Connect`), opened at once in the
 /// background. `fileno()` becomes readable when `drain()` has news: the stream was
-/// accepted, it ended (with a gRPC status code and message), or frames arrived.
+/// accepted, it ended (with a gRPC status code and message), or frames arrived. Once
+/// `RECEIVE_HIGH_WATER` bytes of frames wait undrained, it stops reading the relay until
+/// the next `drain()`.
 ///
 /// >>> stream = RelayStream(channel, [("authorization", "Bearer …")])
 /// >>> opened, ended, frames = stream.drain()
@@ -108,5 +112,6 @@ impl PyRelayStream {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRelayChannel>()?;
     m.add_class::<PyRelayStream>()?;
+    m.add("RECEIVE_HIGH_WATER", RECEIVE_HIGH_WATER)?;
     Ok(())
 }

@@ -249,8 +249,12 @@ class RelayChannel:
         connect_timeout: float = 10.0,
     ) -> None: ...
 
+#: Bytes of received frames a ``RelayStream`` holds undrained before it stops reading.
+RECEIVE_HIGH_WATER: int
+
 class RelayStream:
-    """One relay protocol stream; ``fileno()`` is readable when ``drain()`` has news."""
+    """One relay protocol stream; ``fileno()`` is readable when ``drain()`` has news. It
+    stops reading the relay while ``RECEIVE_HIGH_WATER`` bytes wait undrained."""
 
     def __init__(self, channel: RelayChannel, metadata: list[tuple[str, str]]) -> None: ...
     def fileno(self) -> int: ...

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from svc_sdk._native import RelayChannel, RelayStream
+from svc_sdk._native import RECEIVE_HIGH_WATER, RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import TransportError
 from svc_sdk.relay_client import MAX_FRAME, Code, RelayConnection, StreamError
@@ -241,6 +241,43 @@ def test_a_closed_stream_refuses_writes_and_says_it_ended() -> None:
     assert stream.write(b"frame") is False
     _, ended, frames = stream.drain()
     assert ended is not None and frames == []
+
+
+async def test_a_reader_that_stops_draining_holds_one_window_and_the_relay_waits() -> None:
+    """While nobody drains, the stream stops reading at RECEIVE_HIGH_WATER: one drain then
+    holds at most that and one frame, HTTP/2 flow control stops the relay part-way, and
+    draining again lets every frame through, in order."""
+    total, size = 64, 1024 * 1024
+    sent = 0
+
+    async def flood(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        nonlocal sent
+        for i in range(total):
+            yield i.to_bytes(4, "big") + b"\0" * (size - 4)
+            sent += 1
+        async for _ in frames:
+            pass
+
+    async def test(url: str) -> None:
+        stream = RelayStream(RelayChannel(url), [])
+        try:
+            await asyncio.sleep(2.0)  # far longer than 64 MiB takes over loopback
+            _, ended, frames = stream.drain()
+            assert ended is None
+            held = sum(len(f) for f in frames)
+            assert 0 < held <= RECEIVE_HIGH_WATER + size, held
+            assert sent < total  # the relay is held back, not buffered for
+            received = list(frames)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while len(received) < total and loop.time() < deadline:
+                await asyncio.sleep(0.01)
+                received += stream.drain()[2]
+            assert [int.from_bytes(f[:4], "big") for f in received] == list(range(total))
+        finally:
+            stream.close()
+
+    await relay_with(flood, test)
 
 
 async def test_requests_written_from_many_threads_each_get_their_own_reply() -> None:

@@ -25,7 +25,7 @@ use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
-pub use stream::{Drained, RelayStream, State};
+pub use stream::{Drained, RelayStream, State, RECEIVE_HIGH_WATER};
 use tls::tls_connector;
 
 /// The relay protocol's one method (proto/relay.proto).

@@ -1,5 +1,5 @@
-//! One relay stream: the tonic call, the queue of received frames and its eventfd, and
-//! the unbounded queue of frames to write.
+//! One relay stream: the tonic call, the bounded queue of received frames and its
+//! eventfd, and the unbounded queue of frames to write.
 
 use std::collections::VecDeque;
 use std::io;
@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, BufMut, Bytes};
 use http::uri::PathAndQuery;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
@@ -73,16 +73,24 @@ pub struct Drained {
     pub frames: Vec<Bytes>,
 }
 
+/// Bytes of received frames a stream holds for its reader before it stops reading the
+/// relay. Past it, HTTP/2 flow control (the connection's windows) makes the relay stop
+/// sending, and the relay's per-stream bound tells the client it lagged: an agent whose
+/// loop stops draining holds at most this plus one frame, however much is published.
+pub const RECEIVE_HIGH_WATER: usize = 1024 * 1024;
+
 struct Inbox {
     state: State,
     opened: bool,
     frames: VecDeque<Bytes>,
+    queued: usize, // bytes in `frames`
     signalled: bool,
 }
 
 struct Shared {
     inbox: Mutex<Inbox>,
     wake: OwnedFd,
+    drained: Notify,
 }
 
 impl Shared {
@@ -147,9 +155,11 @@ impl RelayStream {
                 state: State::Connecting,
                 opened: false,
                 frames: VecDeque::new(),
+                queued: 0,
                 signalled: false,
             }),
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            drained: Notify::new(),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let task = runtime().spawn(run(connection.channel.clone(), headers, rx, shared.clone()));
@@ -171,11 +181,16 @@ impl RelayStream {
         let mut counter = [0u8; 8];
         let _ = unsafe { libc::read(self.shared.wake.as_raw_fd(), counter.as_mut_ptr().cast(), counter.len()) };
         inbox.signalled = false;
-        Drained {
+        let drained = Drained {
             state: inbox.state.clone(),
             opened: inbox.opened,
             frames: inbox.frames.drain(..).collect(),
-        }
+        };
+        inbox.queued = 0;
+        drop(inbox);
+        // One waiter at most (the reading task); with none, the permit is kept for it.
+        self.shared.drained.notify_one();
+        drained
     }
 
     /// Queues `frame` for the relay; false once the stream has ended or been closed.
@@ -229,8 +244,14 @@ async fn run(
         inbox.opened = true;
     });
     loop {
+        while shared.lock().queued >= RECEIVE_HIGH_WATER {
+            shared.drained.notified().await;
+        }
         match incoming.message().await {
-            Ok(Some(frame)) => shared.update(|inbox| inbox.frames.push_back(frame)),
+            Ok(Some(frame)) => shared.update(|inbox| {
+                inbox.queued += frame.len();
+                inbox.frames.push_back(frame);
+            }),
             Ok(None) => return shared.end(Code::Ok, ""),
             Err(status) => return shared.end(status.code(), &describe(&status)),
         }
