@@ -10,6 +10,14 @@ on its own connection, as often as SQLite would (every ~1,000 pages written, est
 by the store; a smaller trickle after a second): a PASSIVE checkpoint waits for no
 reader and no writer, and none of them waits for it.
 
+A PASSIVE checkpoint copies the frames that were in the WAL when it began, and SQLite
+starts the WAL over only when a write finds every frame copied. Under a steady stream of
+writes that never happens — frames arrive while the checkpoint runs — and the WAL grows
+without bound (2 GB in 15 s of appends here). So once the WAL holds more than
+:data:`MAX_WAL_PAGES`, the checkpoint copies what came in meanwhile while holding the
+store's write lock: the writer thread waits for that short second pass (the event loop
+does not; it queues to the writer meanwhile), and the next write starts the WAL over.
+
 Durability is unchanged: a commit is in the WAL either way, and the WAL is what recovery
 reads after a crash; the checkpoint only copies it into the database file.
 """
@@ -20,22 +28,32 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 log = logging.getLogger("svc.relay.store")
 
 #: Pages written (estimated) that make a checkpoint due: SQLite's own threshold, so
 #: checkpoints come as often as before, each copying as much.
 PAGES = 1000
+#: WAL frames past which a checkpoint makes sure the WAL starts over (16 MiB at 4 KiB).
+MAX_WAL_PAGES = 4 * PAGES
 #: A trickle of writes is checkpointed this long after it began.
 IDLE_SECONDS = 1.0
 
 
 class Checkpointer:
     """Checkpoints the WAL of the database ``connect()`` opens, on its own thread, once
-    :meth:`wrote` has counted enough pages (or a second after a smaller write)."""
+    :meth:`wrote` has counted enough pages (or a second after a smaller write).
+    ``writes`` is the lock the store's writes hold: taken for the second pass that lets a
+    long WAL start over."""
 
-    def __init__(self, connect: Callable[[], sqlite3.Connection]) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        writes: AbstractContextManager[object] | None = None,
+    ) -> None:
         self._connect = connect
+        self._writes = writes
         self._lock = threading.Lock()
         self._pages = 0
         self._due = threading.Event()
@@ -45,6 +63,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self.checkpoints = 0  # completed, for tests and metrics
         self.failures = 0
+        self.restarts = 0  # second passes under the write lock
 
     def start(self) -> None:
         conn = self._connect()
@@ -90,7 +109,11 @@ class Checkpointer:
 
     def _checkpoint(self, conn: sqlite3.Connection) -> bool:
         try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            _, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+            if frames > MAX_WAL_PAGES and self._writes is not None:
+                with self._writes:  # no frame can arrive: every one is copied
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                self.restarts += 1
         except sqlite3.Error as exc:
             # A full disk or an I/O error: the WAL keeps every commit, and the checkpoint
             # is tried again. Said once, not at every try.

@@ -144,7 +144,7 @@ class SqliteLogStore:
         )
         self._writer.start()
         self._read_conn = _connect(self._path, self._sync)
-        self._checkpointer = Checkpointer(lambda: _connect(self._path, self._sync))
+        self._checkpointer = Checkpointer(lambda: _connect(self._path, self._sync), self._busy)
         self._checkpointer.start()
 
     async def close(self) -> None:

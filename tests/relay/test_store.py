@@ -252,6 +252,27 @@ async def test_checkpoints_run_on_their_own_thread_never_in_a_commit(tmp_path: P
         await store.close()
 
 
+async def test_the_wal_starts_over_under_a_steady_stream_of_writes(tmp_path: Path) -> None:
+    """A PASSIVE checkpoint never catches up with writes that keep coming, and SQLite
+    starts the WAL over only once every frame is copied: without the checkpoint's second
+    pass under the write lock the WAL grows by every page ever written (~400 MiB here)."""
+    path = tmp_path / "relay.sqlite3"
+    wal = tmp_path / "relay.sqlite3-wal"
+    store = SqliteLogStore(path)
+    await store.start()
+    largest = 0
+    try:
+        for _ in range(5000):  # 40,000 appends, ~100,000 WAL frames, no pause
+            await asyncio.gather(*(store.append("a/b/c", b"s", b"m" * 256, 0) for _ in range(8)))
+            largest = max(largest, wal.stat().st_size)
+        bound = sqlite_checkpoints.MAX_WAL_PAGES * 4096
+        assert largest <= 4 * bound, f"WAL reached {largest >> 20} MiB"
+        assert store._checkpointer is not None and store._checkpointer.restarts >= 1
+        assert len(await store.read("a/b/c", 39_990, 100)) == 10
+    finally:
+        await store.close()
+
+
 class _FullDisk:
     """A connection whose checkpoint fails as on a full disk, until ``full`` is false."""
 
@@ -297,8 +318,8 @@ async def test_messages_stay_stored_and_readable_while_checkpoints_fail(tmp_path
     disk = _FullDisk()
     original = sqlite_checkpoints.Checkpointer.__init__
 
-    def failing(self: Checkpointer, connect: Any) -> None:
-        original(self, lambda: disk)
+    def failing(self: Checkpointer, connect: Any, writes: Any = None) -> None:
+        original(self, lambda: disk, writes)
 
     store = SqliteLogStore(tmp_path / "relay.sqlite3")
     sqlite_checkpoints.Checkpointer.__init__ = failing  # type: ignore[method-assign]
