@@ -18,12 +18,11 @@ use mls_rs_core::group::{EpochRecord, GroupState, GroupStateStorage};
 use rusqlite::{params, Connection, OptionalExtension};
 use zeroize::Zeroizing;
 
+use crate::checkpoints::{pages_for, Checkpointer};
 use crate::error::{EngineError, Result};
 
 /// How many prior epochs a group keeps, as mls-rs-provider-sqlite's default.
 const EPOCH_RETENTION: u64 = 3;
-
-pub(crate) const WAL_AUTOCHECKPOINT_PAGES: i64 = 8_000;
 
 // A rowid table: its rows (payload and ciphertext) are far larger than the 1/20 of a
 // page that suits WITHOUT ROWID, where they would spread the key's B-tree over overflow
@@ -61,6 +60,7 @@ pub struct OutboxRow {
 #[derive(Clone)]
 pub struct GroupStore {
     conn: Arc<Mutex<Connection>>,
+    checkpoints: Arc<Checkpointer>,
     /// Rows to write with the next state write of their group, by group id. Only a
     /// caller holding that group's lock stages rows, so no other write of the group can
     /// take them.
@@ -90,13 +90,14 @@ impl GroupStore {
             tx.commit()?;
         }
         conn.execute_batch(SCHEMA)?;
-        // Every send rewrites the group's state: the same few pages, again and again. A
-        // checkpoint copies each page once however often it changed, and costs two
-        // fsyncs in the caller's send; 8,000 pages (32 MiB of WAL) instead of SQLite's
-        // 1,000 make that a rare cost, not one every few hundred sends.
-        conn.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT_PAGES)?;
+        // Not inside a send (two fsyncs, 20–40 ms every few thousand sends): on a thread.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
+        let conn = Arc::new(Mutex::new(conn));
+        let checkpoints = Checkpointer::start(crate::storage::open_connection(db, key)?, conn.clone())
+            .map_err(|e| EngineError::Storage(format!("cannot start the checkpoint thread: {e}")))?;
         Ok(Self {
-            conn: Arc::new(Mutex::new(conn)),
+            conn,
+            checkpoints: Arc::new(checkpoints),
             staged: Arc::default(),
         })
     }
@@ -141,9 +142,12 @@ impl GroupStore {
 
     /// Deletes the rows up to `through` (acknowledged, or given up on).
     pub fn retire(&self, group_id: &[u8], through: u64) -> Result<()> {
-        self.conn()
+        let deleted = self
+            .conn()
             .prepare_cached("DELETE FROM svc_outbox WHERE group_id = ?1 AND pos <= ?2")?
             .execute(params![group_id, int(through)?])?;
+        // Freed rows change the pages that list free pages, not each freed page.
+        self.checkpoints.wrote(pages_for(0) + deleted as u64 / 8);
         Ok(())
     }
 
@@ -162,6 +166,7 @@ impl GroupStore {
         tx.execute("DELETE FROM epoch WHERE group_id = ?1", [group_id])?;
         tx.execute("DELETE FROM mls_group WHERE group_id = ?1", [group_id])?;
         tx.commit()?;
+        self.checkpoints.wrote(pages_for(0));
         Ok(())
     }
 
@@ -177,13 +182,16 @@ impl GroupStore {
              ON CONFLICT(group_id) DO UPDATE SET snapshot = excluded.snapshot",
         )?
         .execute(params![state.id, &*state.data])?;
+        let mut bytes = state.data.len();
         let mut newest = None;
         for epoch in inserts {
+            bytes += epoch.data.len();
             newest = Some(epoch.id);
             tx.prepare_cached("INSERT INTO epoch (group_id, epoch_id, epoch_data) VALUES (?1, ?2, ?3)")?
                 .execute(params![state.id, int(epoch.id)?, &*epoch.data])?;
         }
         for epoch in updates {
+            bytes += epoch.data.len();
             tx.prepare_cached("UPDATE epoch SET epoch_data = ?1 WHERE group_id = ?2 AND epoch_id = ?3")?
                 .execute(params![&*epoch.data, state.id, int(epoch.id)?])?;
         }
@@ -192,6 +200,7 @@ impl GroupStore {
                 .execute(params![state.id, int(newest - EPOCH_RETENTION)?])?;
         }
         for row in staged.into_iter().flatten() {
+            bytes += row.payload.len() + row.ciphertext.len();
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO svc_outbox (group_id, pos, id, epoch, payload, ciphertext)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
@@ -206,6 +215,7 @@ impl GroupStore {
             ])?;
         }
         tx.commit()?;
+        self.checkpoints.wrote(pages_for(bytes));
         Ok(())
     }
 }

@@ -7,6 +7,7 @@
 
 #[cfg(feature = "attacker")]
 pub mod attacker;
+pub mod checkpoints;
 pub mod credential;
 pub mod data_dir;
 pub mod engine;

@@ -8,10 +8,11 @@
 //! module used, so existing data_dirs open unchanged.
 
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection};
 
+use crate::checkpoints::{pages_for, Checkpointer};
 use crate::data_dir;
 use crate::error::{EngineError, Result};
 use crate::state_key::{self, StateKey, CLIENT_FILE};
@@ -34,7 +35,8 @@ CREATE TABLE IF NOT EXISTS inbox (
 pub type InboxRow = (i64, Vec<u8>, Vec<u8>);
 
 pub struct LocalStore {
-    conn: Mutex<Option<Connection>>,
+    conn: Arc<Mutex<Option<Connection>>>,
+    checkpoints: Checkpointer,
 }
 
 impl LocalStore {
@@ -51,9 +53,12 @@ impl LocalStore {
             detail: format!("{CLIENT_FILE} is not a usable database ({e})"),
         })?;
         sidecars.keep();
-        Ok(Self {
-            conn: Mutex::new(Some(conn)),
-        })
+        let conn = Arc::new(Mutex::new(Some(conn)));
+        let checkpoints = Self::connect(&path, key).map_err(EngineError::from).and_then(|own| {
+            Checkpointer::start(own, conn.clone())
+                .map_err(|e| EngineError::Storage(format!("cannot start the checkpoint thread: {e}")))
+        })?;
+        Ok(Self { conn, checkpoints })
     }
 
     fn connect(path: &Path, key: Option<&StateKey>) -> rusqlite::Result<Connection> {
@@ -62,11 +67,9 @@ impl LocalStore {
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
-        // Inbox rows are written and deleted again once read, so the same pages are
-        // rewritten over and over: as for the group store, a checkpoint (two fsyncs, in
-        // the reading thread) every 8,000 pages instead of 1,000 copies each page once
-        // for eight times the writes.
-        conn.pragma_update(None, "wal_autocheckpoint", crate::group_store::WAL_AUTOCHECKPOINT_PAGES)?;
+        // Inbox rows are written and deleted again once read: as for the group store,
+        // checkpoints run on a thread (checkpoints.rs), not in the reading thread.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.execute_batch(SCHEMA)?;
         Ok(conn)
     }
@@ -79,8 +82,16 @@ impl LocalStore {
         Ok(f(conn)?)
     }
 
+    /// Runs the write `f`, then counts the WAL pages of about `bytes` it wrote.
+    fn write<T>(&self, bytes: usize, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
+        let done = self.with(f)?;
+        self.checkpoints.wrote(pages_for(bytes));
+        Ok(done)
+    }
+
     pub fn close(&self) {
         self.conn.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.checkpoints.stop();
     }
 
     /// (name, cursor, joined_epoch) of every channel.
@@ -93,7 +104,7 @@ impl LocalStore {
     }
 
     pub fn add_channel(&self, name: &str, cursor: i64, joined_epoch: i64) -> Result<()> {
-        self.with(|c| {
+        self.write(0, |c| {
             c.execute(
                 "INSERT OR REPLACE INTO channels VALUES (?1, ?2, ?3)",
                 params![name, cursor, joined_epoch],
@@ -103,7 +114,7 @@ impl LocalStore {
     }
 
     pub fn remove_channel(&self, name: &str) -> Result<()> {
-        self.with(|c| {
+        self.write(0, |c| {
             let tx = c.transaction()?;
             tx.execute("DELETE FROM inbox WHERE channel = ?1", [name])?;
             tx.execute("DELETE FROM channels WHERE name = ?1", [name])?;
@@ -113,7 +124,11 @@ impl LocalStore {
 
     /// Stores the rows `(seq, sender, payload)` and the new cursor in one transaction.
     pub fn advance(&self, name: &str, cursor: i64, received: &[(i64, &[u8], &[u8])]) -> Result<()> {
-        self.with(|c| {
+        let bytes = received
+            .iter()
+            .map(|(_, sender, payload)| sender.len() + payload.len())
+            .sum();
+        self.write(bytes, |c| {
             let tx = c.transaction()?;
             {
                 let mut insert = tx.prepare_cached("INSERT OR IGNORE INTO inbox VALUES (?1, ?2, ?3, ?4)")?;
@@ -153,7 +168,7 @@ impl LocalStore {
     /// The application took every message up to `through_seq` and those numbered
     /// `extra`; the channel was handled through `cursor`.
     pub fn consumed(&self, name: &str, through_seq: i64, extra: &[i64], cursor: i64) -> Result<()> {
-        self.with(|c| {
+        self.write(0, |c| {
             let tx = c.transaction()?;
             if through_seq > 0 {
                 tx.execute(

@@ -1084,3 +1084,32 @@ fn an_outbox_in_the_without_rowid_layout_is_moved_to_the_rowid_table() {
     assert_eq!(app_data(g.process(&next[0]).unwrap()).1, b"q3");
     assert_eq!(restarted.outbox().unwrap().len(), 3);
 }
+
+#[test]
+fn sends_are_copied_back_from_the_wal_by_the_checkpoint_thread() {
+    // The group store's own connection never checkpoints (that would be two fsyncs inside
+    // a send): the thread of checkpoints.rs copies the WAL back once sends wrote enough.
+    let dir_b = tempfile::tempdir().unwrap();
+    let (_a, _g, gb, _) = alice_and_bob(dir_b.path());
+    let db = dir_b.path().join("mls.sqlite3");
+    let before = std::fs::metadata(&db).unwrap().len();
+    let payload = vec![b'm'; 16 * 1024];
+    for batch in 0..80u64 {
+        let ids: Vec<Vec<u8>> = (0..10).map(|i| format!("id-{batch}-{i}").into_bytes()).collect();
+        let queued: Vec<(u64, &[u8], &[u8])> = (0..10)
+            .map(|i| (batch * 10 + i as u64 + 1, ids[i].as_slice(), payload.as_slice()))
+            .collect();
+        gb.encrypt_queued(&queued).unwrap();
+    }
+    // 800 rows of plaintext and ciphertext: 25 MiB, past the checkpoint's 8,000 pages.
+    let copied = before + 800 * 2 * 16 * 1024;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::fs::metadata(&db).unwrap().len() < copied && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        std::fs::metadata(&db).unwrap().len() >= copied,
+        "the outbox rows reached mls.sqlite3"
+    );
+    assert_eq!(gb.outbox().unwrap().len(), 800);
+}
