@@ -1053,8 +1053,9 @@ impl PyLocalStore {
         Ok(Self { inner })
     }
 
-    fn close(&self) {
-        self.inner.close();
+    /// Closes the database after a last checkpoint of its WAL (without the GIL).
+    fn close(&self, py: Python<'_>) {
+        py.allow_threads(|| self.inner.close());
     }
 
     fn channels(&self, py: Python<'_>) -> PyResult<Vec<(String, i64, i64)>> {
