@@ -108,6 +108,22 @@ def test_the_library_never_imports_what_is_built_on_it() -> None:
     assert wrong == []
 
 
+def test_a_relay_process_loads_none_of_the_client() -> None:
+    """``svc relay`` imports ``svc_sdk.protocol``; that must not drag in the client (its
+    HTTP stack, relay link and asyncio API), which cost every relay ~7 MiB of RSS.
+    Checked in a fresh interpreter: this one has the whole library loaded already."""
+    code = (
+        "import sys, svc_cli, svc_server.relay.server\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('svc_sdk', 'httpx')))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded = set(done.stdout.split())
+    assert "svc_sdk.protocol" in loaded
+    assert loaded.isdisjoint({"httpx", "svc_sdk.client", "svc_sdk.aio", "svc_sdk.relay_link"})
+
+
 def test_native_module_lives_inside_svc_sdk() -> None:
     from svc_sdk import _native
 

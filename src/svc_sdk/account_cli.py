@@ -7,14 +7,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from svc_sdk import credentials
 from svc_sdk._argtypes import whole_number
 from svc_sdk.agent_id import AgentId
 from svc_sdk.names import check_channel_name
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class CliError(Exception):
@@ -29,6 +30,10 @@ def _request(
     body: Any = None,
     params: dict[str, int] | None = None,
 ) -> httpx.Response:
+    # Imported here: every `svc` process loads this module, and only these commands talk
+    # HTTP (httpx is ~15 MiB of a relay's RSS otherwise).
+    import httpx
+
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     try:
         response = httpx.request(
