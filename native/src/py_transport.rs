@@ -1,6 +1,7 @@
 //! PyO3 bindings of the relay transport (`transport/`): `RelayChannel`, one HTTP/2
 //! connection, and `RelayStream`, one relay protocol stream on it. `svc_sdk.relay_client`
 //! drives them from an asyncio loop: it watches `fileno()` with `add_reader` and drains.
+//! And `HttpClient`, the account API's connections (`svc_sdk.api_client`).
 
 use std::time::Duration;
 
@@ -10,10 +11,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use crate::transport::{
-    Connection, ConnectionConfig, RelayStream, State, TransportError as SetupError, RECEIVE_HIGH_WATER,
+    Connection, ConnectionConfig, HttpClient, HttpError, RelayStream, State, TransportError as SetupError,
+    MAX_RESPONSE, RECEIVE_HIGH_WATER,
 };
 
 import_exception!(svc_sdk.errors, TransportError);
+import_exception!(svc_sdk.errors, ChannelClosedError);
 
 fn to_py(e: SetupError) -> PyErr {
     match e {
@@ -43,10 +46,6 @@ impl PyRelayChannel {
         keepalive_timeout: f64,
         connect_timeout: f64,
     ) -> PyResult<Self> {
-        let seconds = |s: f64, what: &str| {
-            Duration::try_from_secs_f64(s)
-                .map_err(|_| PyValueError::new_err(format!("{what} must be a duration in seconds, got {s}")))
-        };
         let config = ConnectionConfig {
             endpoint: endpoint.to_owned(),
             ca_pem: ca_pem.map(<[u8]>::to_vec),
@@ -109,9 +108,69 @@ impl PyRelayStream {
     }
 }
 
+fn seconds(s: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| PyValueError::new_err(format!("{what} must be a duration in seconds, got {s}")))
+}
+
+/// A pool of HTTP/1.1 connections to the account API at `base_url` (`http://` or
+/// `https://`, with an optional path prefix); `https://` checks the server's certificate
+/// against `ca_pem` (PEM), else the system's roots. `request` waits for the whole answer,
+/// at most `timeout` seconds, without the GIL; an answer with an error status is returned
+/// like any other. Transport failures raise `TransportError`, a `base_url` that is not an
+/// `http(s)://` URL and arguments HTTP cannot carry `ValueError`, and requests after
+/// `close()` `ChannelClosedError`.
+///
+/// >>> api = HttpClient("http://127.0.0.1:8000")
+/// >>> status, body = api.request("POST", "/v1/tokens", [("authorization", "Bearer sk_live_…")])
+#[pyclass(module = "svc_sdk._native", name = "HttpClient", frozen)]
+pub struct PyHttpClient {
+    inner: HttpClient,
+}
+
+#[pymethods]
+impl PyHttpClient {
+    #[new]
+    #[pyo3(signature = (base_url, ca_pem=None, timeout=10.0))]
+    fn new(base_url: &str, ca_pem: Option<&[u8]>, timeout: f64) -> PyResult<Self> {
+        let inner = HttpClient::new(base_url, ca_pem, seconds(timeout, "timeout")?).map_err(|e| match e {
+            SetupError::Address(_, why) => PyValueError::new_err(why),
+            e => to_py(e),
+        })?;
+        Ok(Self { inner })
+    }
+
+    /// `(status, body)` of the answer to `method path` with `headers` and `body`.
+    #[pyo3(signature = (method, path, headers, body=None))]
+    fn request<'py>(
+        &self,
+        py: Python<'py>,
+        method: &str,
+        path: &str,
+        headers: Vec<(String, String)>,
+        body: Option<Vec<u8>>,
+    ) -> PyResult<(u16, Bound<'py, PyBytes>)> {
+        let answer = py
+            .allow_threads(|| self.inner.request(method, path, &headers, body.unwrap_or_default()))
+            .map_err(|e| match e {
+                HttpError::Request(_) => PyValueError::new_err(e.to_string()),
+                HttpError::Closed => ChannelClosedError::new_err(e.to_string()),
+                e => TransportError::new_err(e.to_string()),
+            })?;
+        Ok((answer.status, PyBytes::new(py, &answer.body)))
+    }
+
+    /// Closes the pooled connections.
+    fn close(&self) {
+        self.inner.close();
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRelayChannel>()?;
     m.add_class::<PyRelayStream>()?;
+    m.add_class::<PyHttpClient>()?;
     m.add("RECEIVE_HIGH_WATER", RECEIVE_HIGH_WATER)?;
+    m.add("MAX_API_RESPONSE", MAX_RESPONSE)?;
     Ok(())
 }

@@ -261,3 +261,20 @@ class RelayStream:
     def drain(self) -> tuple[bool, tuple[int, str] | None, list[bytes]]: ...
     def write(self, frame: bytes) -> bool: ...
     def close(self) -> None: ...
+
+#: Largest answer body an ``HttpClient`` reads (bytes); a larger one is a TransportError.
+MAX_API_RESPONSE: int
+
+class HttpClient:
+    """A pool of HTTP/1.1 connections to the account API (native/src/py_transport.rs).
+    ``request`` returns ``(status, body)`` for any answer and raises ``TransportError``
+    when there is none, ``ValueError`` for a ``base_url`` or arguments HTTP cannot carry and
+    ``ChannelClosedError`` after ``close()``."""
+
+    def __init__(
+        self, base_url: str, ca_pem: bytes | None = None, timeout: float = 10.0
+    ) -> None: ...
+    def request(
+        self, method: str, path: str, headers: list[tuple[str, str]], body: bytes | None = None
+    ) -> tuple[int, bytes]: ...
+    def close(self) -> None: ...

@@ -9,13 +9,14 @@ import json
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Any
-
-import httpx
+from urllib.parse import urlencode
 
 from svc_sdk import credentials
-from svc_sdk._native import Engine, verify_credential_request
+from svc_sdk._native import Engine, HttpClient, verify_credential_request
 from svc_sdk.audit import (
     ChannelEvent,
     ChannelMember,
@@ -39,8 +40,18 @@ from svc_sdk.errors import (
 REFRESH_AT = 0.75
 
 
+@dataclass(frozen=True)
+class _Answer:
+    status_code: int
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
 class ApiClient:
-    """Thread-safe; holds one HTTP connection pool and the current JWT."""
+    """Thread-safe; holds one HTTP connection pool (in the native extension, so an agent
+    loads no Python HTTP stack) and the current JWT."""
 
     def __init__(self, api_url: str, api_key: str, timeout: float = 10.0) -> None:
         # Keys are printable ASCII; anything else (a pasted "…", a newline) cannot go into
@@ -49,12 +60,17 @@ class ApiClient:
             raise AuthError("the API key contains characters no key has; check how it was pasted")
         self.api_url = api_url.rstrip("/")
         self._key = api_key
+        ca = credentials.tls_ca_file() if self.api_url.startswith("https://") else None
         try:
-            self._http = httpx.Client(
-                base_url=self.api_url, timeout=timeout, verify=credentials.tls_verify()
-            )
-        except httpx.InvalidURL as exc:
+            ca_pem = Path(ca).read_bytes() if ca else None
+        except OSError as exc:
+            raise TransportError(f"cannot read SVC_TLS_CA_FILE {ca}: {exc.strerror}") from None
+        try:
+            self._http = HttpClient(self.api_url, ca_pem, timeout)
+        except ValueError as exc:
             raise TransportError(f"account API address {api_url!r} is not a URL: {exc}") from None
+        except TransportError as exc:  # SVC_TLS_CA_FILE holds no certificate
+            raise TransportError(f"account API {api_url}: {exc.detail}") from None
         self._lock = threading.Lock()
         self._token: str | None = None
         self._issued = 0.0
@@ -64,22 +80,33 @@ class ApiClient:
         self._http.close()
 
     def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._call("POST", path, json=body)
+        return self._call("POST", path, body)
 
     def _get(self, path: str, params: dict[str, int] | None = None) -> dict[str, Any]:
         return self._call("GET", path, params=params)
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _send(self, method: str, path: str, body: Any = None, authorized: bool = True) -> _Answer:
+        headers = [("accept", "application/json")]
+        if authorized:
+            headers.append(("authorization", f"Bearer {self._key}"))
+        payload = None
+        if body is not None:
+            headers.append(("content-type", "application/json"))
+            payload = json.dumps(body).encode()
         try:
-            response = self._http.request(
-                method, path, headers={"Authorization": f"Bearer {self._key}"}, **kwargs
-            )
-        except httpx.HTTPError as exc:
-            raise TransportError(f"account API {self.api_url} unreachable: {exc}") from None
-        except RuntimeError:  # httpx's own, unprefixed, once the client was closed
-            if not self._http.is_closed:
-                raise
+            status, data = self._http.request(method, path, headers, payload)
+        except TransportError as exc:
+            raise TransportError(f"account API {self.api_url} unreachable: {exc.detail}") from None
+        except ChannelClosedError:
             raise ChannelClosedError("the client is closed") from None
+        return _Answer(status, data)
+
+    def _call(
+        self, method: str, path: str, body: Any = None, params: dict[str, int] | None = None
+    ) -> dict[str, Any]:
+        if params:
+            path = f"{path}?{urlencode(params)}"
+        response = self._send(method, path, body)
         if response.status_code == 401:
             raise AuthError(f"API key rejected by {self.api_url}: {_detail(response)}")
         if response.status_code == 403:  # a valid key asking for another account's agent
@@ -159,16 +186,18 @@ class ApiClient:
 
     def credential_keys(self) -> dict[str, bytes]:
         """The keys that verify agent credentials, by kid: the API's published anchors."""
+        response = self._send("GET", "/.well-known/svc-credential-keys.json", authorized=False)
+        if response.status_code != 200:
+            raise TransportError(
+                f"account API {self.api_url} answered HTTP {response.status_code} for its"
+                " credential keys"
+            )
         try:
-            response = self._http.get("/.well-known/svc-credential-keys.json")
-            response.raise_for_status()
             keys = response.json()["keys"]
             return {
                 str(k["kid"]): base64.urlsafe_b64decode(k["x"] + "=" * (-len(k["x"]) % 4))
                 for k in keys
             }
-        except httpx.HTTPError as exc:
-            raise TransportError(f"account API {self.api_url} unreachable: {exc}") from None
         except (KeyError, TypeError, ValueError):
             raise InternalError("the account API's credential keys are malformed") from None
 
@@ -203,7 +232,7 @@ class ApiClient:
         return events_from(data)
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(response: _Answer) -> str:
     try:
         body = response.json()
     except ValueError:
@@ -221,7 +250,7 @@ _INVITE_REASONS: dict[str, InviteReason] = {
 }
 
 
-def _problem_type(response: httpx.Response) -> str | None:
+def _problem_type(response: _Answer) -> str | None:
     try:
         body = response.json()
     except ValueError:
@@ -230,7 +259,7 @@ def _problem_type(response: httpx.Response) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _invite_reason(response: httpx.Response) -> InviteReason:
+def _invite_reason(response: _Answer) -> InviteReason:
     kind = _problem_type(response)
     if kind is not None and kind in _INVITE_REASONS:
         return _INVITE_REASONS[kind]
@@ -238,7 +267,7 @@ def _invite_reason(response: httpx.Response) -> InviteReason:
     return "expired" if response.status_code == 410 else "invalid"
 
 
-def _error(response: httpx.Response) -> Exception:
+def _error(response: _Answer) -> Exception:
     detail = _detail(response)
     if _problem_type(response) == "urn:svc:problem:channel-not-found":
         # Unknown, or not admitted: the API does not say which (docs/api.md, Channels).

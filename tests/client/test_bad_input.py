@@ -38,7 +38,7 @@ def test_constructor_arguments(stack: LocalStack, tmp_path: Path) -> None:
             SvcClient(endpoint, tmp_path / "a", b"a", **auth)
     with pytest.raises(TypeError, match="endpoint must be a str"):
         SvcClient(None, tmp_path / "a", b"a", **auth)  # type: ignore[arg-type]
-    # An API address httpx cannot parse (was httpx.InvalidURL, outside the contract).
+    # An API address that is not a URL.
     with pytest.raises(TransportError, match="^transport error: account API address .* not a URL"):
         SvcClient(stack.relay_url, tmp_path / "a", b"a", stack.api_key, "http://[::1")
     for key in ("sk_live_REPLACE…", "sk_live_a\nb", "sk_live_\x00"):

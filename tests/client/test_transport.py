@@ -323,12 +323,14 @@ async def test_a_request_written_from_a_thread_fails_when_the_stream_ends() -> N
     await relay_with(silent, test)
 
 
-def test_the_client_does_not_import_pythons_grpc() -> None:
-    """grpcio is the relay's; the client's stream is native. Importing grpc costs an
-    agent ~21 MiB of RSS (docs/performance.md)."""
+def test_the_client_imports_neither_pythons_grpc_nor_an_http_stack() -> None:
+    """grpcio is the relay's; the client's stream is native, and so are its account API
+    connections. Importing grpc costs an agent ~21 MiB of RSS, httpx ~7 MiB
+    (docs/performance.md)."""
     code = (
         "import sys, svc_sdk, svc_sdk.aio, svc_sdk.relay_link, svc_sdk.manager\n"
-        "loaded = sorted(m for m in sys.modules if m == 'grpc' or m.startswith('grpc.'))\n"
+        "heavy = ('grpc', 'httpx', 'httpcore', 'h11')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

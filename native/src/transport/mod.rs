@@ -9,6 +9,7 @@
 //! goes into an unbounded queue that the stream's task drains (the callers bound what they
 //! have in flight: the outbox's window).
 
+mod api;
 mod stream;
 mod tls;
 
@@ -25,6 +26,7 @@ use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
+pub use api::{HttpClient, HttpError, HttpResponse, MAX_RESPONSE};
 pub use stream::{Drained, RelayStream, State, RECEIVE_HIGH_WATER};
 use tls::tls_connector;
 
@@ -102,7 +104,7 @@ impl Connection {
         let host = uri.host().ok_or_else(|| bad(&"no host"))?.to_owned();
         let port = uri.port_u16().ok_or_else(|| bad(&"no port"))?;
         let tls = if tls {
-            Some(tls_connector(config.ca_pem.as_deref(), &host)?)
+            Some(tls_connector(config.ca_pem.as_deref(), &host, b"h2")?)
         } else {
             None
         };

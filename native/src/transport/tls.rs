@@ -17,6 +17,7 @@ use super::TransportError;
 pub(super) fn tls_connector(
     ca_pem: Option<&[u8]>,
     host: &str,
+    alpn: &[u8],
 ) -> Result<(TlsConnector, ServerName<'static>), TransportError> {
     let provider = Arc::new(aws_lc_rs::default_provider());
     let mut roots = RootCertStore::empty();
@@ -51,7 +52,7 @@ pub(super) fn tls_connector(
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(TrustedRoots { webpki, pinned }))
         .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
+    config.alpn_protocols = vec![alpn.to_vec()];
     let name = ServerName::try_from(host.trim_matches(['[', ']']).to_owned())
         .map_err(|e| TransportError::Address(host.to_owned(), e.to_string()))?;
     Ok((TlsConnector::from(Arc::new(config)), name))
@@ -134,7 +135,7 @@ mod tests {
     #[test]
     fn a_ca_file_without_certificates_is_refused() {
         assert!(matches!(
-            tls_connector(Some(b"not a pem"), "localhost"),
+            tls_connector(Some(b"not a pem"), "localhost", b"h2"),
             Err(TransportError::Roots(_))
         ));
     }
