@@ -136,6 +136,9 @@ def test_public_api() -> None:
     assert issubclass(svc_sdk.MlsError, svc_sdk.SvcError)
     assert issubclass(svc_sdk.SvcError, RuntimeError)
     assert set(svc_sdk.__all__) <= set(dir(svc_sdk))
+    # Each name loads its module on first use (svc_sdk/__init__.py): each must resolve.
+    for name in svc_sdk.__all__:
+        assert getattr(svc_sdk, name) is not None, name
 
 
 def test_svc_demo_runs() -> None:

@@ -30,8 +30,8 @@ def _request(
     body: Any = None,
     params: dict[str, int] | None = None,
 ) -> httpx.Response:
-    # Imported here: every `svc` process loads this module, and only these commands talk
-    # HTTP (httpx is ~15 MiB of a relay's RSS otherwise).
+    # Imported here: every `svc` process loads this module, the relay's included, and only
+    # these commands talk HTTP (docs/architecture.md, the direction of imports).
     import httpx
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
