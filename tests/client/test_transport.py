@@ -29,6 +29,17 @@ from svc_sdk.relay_client import MAX_FRAME, Code, RelayConnection, StreamError
 
 pytestmark = pytest.mark.anyio
 
+
+@pytest.fixture(scope="module", autouse=True)
+async def one_loop_for_the_module() -> None:
+    """Holds one event loop for every test here. grpc.aio's poller thread hands each
+    completion to the loop its call started on; a fake relay stopped at one test's end can
+    still complete a call after that test's loop has closed, and grpc then raises "Event
+    loop is closed" inside whichever test runs next. On one loop, that late completion
+    lands on an open loop and is simply done. (anyio keeps its runner, and so its loop, for
+    as long as any async fixture is set up.)"""
+
+
 Behaviour = Callable[[AsyncIterator[bytes], Any], AsyncIterator[bytes]]
 
 
