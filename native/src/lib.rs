@@ -24,6 +24,8 @@ pub mod tracker;
 pub mod transport;
 
 #[cfg(feature = "python")]
+mod py_server;
+#[cfg(feature = "python")]
 mod py_transport;
 #[cfg(feature = "python")]
 mod python;

@@ -108,7 +108,7 @@ impl PyRelayStream {
     }
 }
 
-fn seconds(s: f64, what: &str) -> PyResult<Duration> {
+pub(crate) fn seconds(s: f64, what: &str) -> PyResult<Duration> {
     Duration::try_from_secs_f64(s)
         .map_err(|_| PyValueError::new_err(format!("{what} must be a duration in seconds, got {s}")))
 }

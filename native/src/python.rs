@@ -1166,5 +1166,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DEFAULT_CIPHER_SUITE", DEFAULT_CIPHER_SUITE)?;
     m.add("PQ_CIPHER_SUITE", PQ_CIPHER_SUITE)?;
     crate::py_transport::register(m)?;
+    crate::py_server::register(m)?;
     Ok(())
 }

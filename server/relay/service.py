@@ -10,10 +10,9 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import NoReturn, Protocol
 
-import grpc
-from google.protobuf.message import DecodeError
-
+from svc_sdk.protocol import Code
 from svc_sdk.protocol import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
@@ -29,19 +28,22 @@ from .store import Entry, LogStore, WelcomeEntry
 
 log = logging.getLogger("svc_server.relay")
 
-SERVICE = "svc.relay.v1.Relay"
 MAX_IDENTITY = 1024
 RECORD_ATTEMPTS = 5  # writes of the roster mirror, backing off 50 ms, 100 ms, …
 RECORD_DRAIN = 10.0  # how long closing waits for roster writes under way
 
 
-def parse_frame(data: bytes) -> pb.ClientFrame | None:
-    """Never raises: a frame that does not parse becomes None and gets an error reply."""
-    try:
-        frame: pb.ClientFrame = pb.ClientFrame.FromString(data)
-    except DecodeError:
-        return None
-    return frame
+class StreamContext(Protocol):
+    """What :meth:`Relay.connect` needs of its stream besides the frames it reads
+    (transport.ClientStream): the gRPC server context's calls, by their grpc.aio names."""
+
+    def invocation_metadata(self) -> Sequence[tuple[str, str]]: ...
+
+    async def send_initial_metadata(self, metadata: Sequence[tuple[str, str]], /) -> None: ...
+
+    async def write(self, frame: bytes, /) -> None: ...
+
+    async def abort(self, code: Code, details: str, /) -> NoReturn: ...
 
 
 class Relay:
@@ -220,31 +222,29 @@ class Relay:
                 log.exception("retention trim failed")
             await asyncio.sleep(interval)
 
-    async def _authenticate(self, context: grpc.aio.ServicerContext) -> tuple[Claims, bytes]:
+    async def _authenticate(self, context: StreamContext) -> tuple[Claims, bytes]:
         metadata = {k: v for k, v in (context.invocation_metadata() or ())}
         header = metadata.get("authorization", "")
         scheme, _, token = str(header).partition(" ")
         if scheme.lower() != "bearer" or not token:
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED, "missing authorization: Bearer <JWT>"
-            )
+            await context.abort(Code.UNAUTHENTICATED, "missing authorization: Bearer <JWT>")
         try:
             identity = bytes.fromhex(str(metadata.get("svc-identity", "")))
         except ValueError:
             identity = b""
         if not 0 < len(identity) <= MAX_IDENTITY:
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
+                Code.INVALID_ARGUMENT,
                 "svc-identity metadata must be 1 to 1024 bytes, hex",
             )
         try:
             claims = await self.verify(token.strip())
         except InvalidToken as exc:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
+            await context.abort(Code.UNAUTHENTICATED, str(exc))
         return claims, identity
 
     async def connect(
-        self, requests: AsyncIterator[pb.ClientFrame | None], context: grpc.aio.ServicerContext
+        self, requests: AsyncIterator[pb.ClientFrame | None], context: StreamContext
     ) -> None:
         claims, identity = await self._authenticate(context)
         # Tells the client the stream is accepted before it writes (RelayConnection.open).
@@ -262,7 +262,7 @@ class Relay:
                 await session.send_pending_welcomes()
             except Exception:
                 log.exception("loading pending Welcomes failed")
-                session.close(grpc.StatusCode.UNAVAILABLE, "relay backend unavailable; reconnect")
+                session.close(Code.UNAVAILABLE, "relay backend unavailable; reconnect")
             writer = asyncio.create_task(self._write(session, context, closing))
             # The writer can be stuck in a write to a client that stopped reading; closing
             # must not wait for it.
@@ -274,7 +274,7 @@ class Relay:
             session.shutdown()
             self.sessions.discard(session)
             self.metrics.streams.dec()
-        if session.closed is not None and session.closed[0] != grpc.StatusCode.OK:
+        if session.closed is not None and session.closed[0] != Code.OK:
             self.metrics.streams_ended.labels(session.closed[0].name).inc()
             await context.abort(*session.closed)
 
@@ -284,16 +284,16 @@ class Relay:
         try:
             async for frame in requests:
                 await session.handle(frame)
-            session.close(grpc.StatusCode.OK, "client closed the stream")
+            session.close(Code.OK, "client closed the stream")
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # transport error or a frame over the size limit
-            session.close(grpc.StatusCode.OK, f"stream ended: {exc}")
+            session.close(Code.OK, f"stream ended: {exc}")
 
     async def _write(
         self,
         session: StreamSession,
-        context: grpc.aio.ServicerContext,
+        context: StreamContext,
         closing: asyncio.Task[bool],
     ) -> None:
         # Waiting on the outbox and on the close signal as two tasks measured ~45% more
@@ -315,19 +315,6 @@ class Relay:
             if stored_at is not None:
                 self.metrics.deliveries.inc(delivered)
                 self.metrics.delivery_latency.observe(time.time() - stored_at)
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "Connect": grpc.stream_stream_rpc_method_handler(
-                    self.connect,
-                    request_deserializer=parse_frame,
-                    # Frames are serialized in the Outbox (deliveries once per message).
-                    response_serializer=bytes,
-                )
-            },
-        )
 
 
 __all__ = ["Entry", "Relay", "WelcomeEntry"]

@@ -10,9 +10,7 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from svc_sdk.protocol import AgentId, MlsError, inspect
+from svc_sdk.protocol import AgentId, Code, MlsError, inspect
 from svc_sdk.protocol import is_valid_channel_name as valid_name
 from svc_sdk.protocol import relay_pb2 as pb
 
@@ -27,14 +25,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("svc_server.relay")
 
-OK = grpc.StatusCode.OK.value[0]
-INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
-DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
-STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
-EXPIRED_CURSOR = grpc.StatusCode.OUT_OF_RANGE.value[0]
-UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED.value[0]
-UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
-EXISTS = grpc.StatusCode.ALREADY_EXISTS.value[0]
+OK = Code.OK
+INVALID = Code.INVALID_ARGUMENT
+DENIED = Code.PERMISSION_DENIED
+STALE = Code.FAILED_PRECONDITION
+EXPIRED_CURSOR = Code.OUT_OF_RANGE
+UNAUTHENTICATED = Code.UNAUTHENTICATED
+UNAVAILABLE = Code.UNAVAILABLE
+EXISTS = Code.ALREADY_EXISTS
 CATCH_UP_PAGE = 512
 # Publishes of one stream waiting to be stored; beyond this the stream stops reading
 # frames, and gRPC flow control pushes back on the client.
@@ -85,7 +83,7 @@ class StreamSession:
         self.subscriptions: dict[str, Subscription] = {}
         # Channels this stream may use, with when that was last checked.
         self.allowed: dict[str, float] = {}
-        self.closed: tuple[grpc.StatusCode, str] | None = None
+        self.closed: tuple[Code, str] | None = None
         self.close_event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
@@ -93,7 +91,7 @@ class StreamSession:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def close(self, code: grpc.StatusCode, message: str) -> None:
+    def close(self, code: Code, message: str) -> None:
         if self.closed is None:
             self.closed = (code, message)
             self.close_event.set()
@@ -113,7 +111,7 @@ class StreamSession:
             return
         remaining = self.claims.expires_at - time.time()
         if remaining <= 0:
-            self.close(grpc.StatusCode.UNAUTHENTICATED, "token expired; send Refresh before exp")
+            self.close(Code.UNAUTHENTICATED, "token expired; send Refresh before exp")
             return
         self._expiry = asyncio.get_running_loop().call_later(
             min(remaining, 3600), self.watch_expiry
@@ -132,7 +130,7 @@ class StreamSession:
 
     def reply(self, request_id: int, code: int = OK, message: str = "", **fields: int) -> None:
         if self.outbox.pending_controls >= MAX_UNREAD_REPLIES:
-            self.close(grpc.StatusCode.RESOURCE_EXHAUSTED, "client is not reading its stream")
+            self.close(Code.RESOURCE_EXHAUSTED, "client is not reading its stream")
             return
         self.outbox.control(
             pb.ServerFrame(
@@ -498,11 +496,11 @@ class StreamSession:
             claims = await self.relay.verify(req.token)
         except InvalidToken as exc:
             self.reply(request_id, UNAUTHENTICATED, str(exc))
-            self.close(grpc.StatusCode.UNAUTHENTICATED, f"refresh rejected: {exc}")
+            self.close(Code.UNAUTHENTICATED, f"refresh rejected: {exc}")
             return
         if claims.account_id != self.claims.account_id:
             self.reply(request_id, UNAUTHENTICATED, "token is for another account")
-            self.close(grpc.StatusCode.UNAUTHENTICATED, "refresh with another account's token")
+            self.close(Code.UNAUTHENTICATED, "refresh with another account's token")
             return
         self.claims = claims
         self.watch_expiry()

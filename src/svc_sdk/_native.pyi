@@ -262,6 +262,52 @@ class RelayStream:
     def write(self, frame: bytes) -> bool: ...
     def close(self) -> None: ...
 
+#: The relay protocol's service name, as a ``RelayServer``'s health service reports it.
+RELAY_SERVICE: str
+
+class RelayServer:
+    """The relay's HTTP/2 gRPC server (native/src/py_server.rs): the relay protocol and the
+    health service. ``fileno()`` is readable when ``poll()`` has news; ``poll()`` returns
+    the new streams and, per stream with news, ``(id, frames, client_done, ended,
+    writable)``. Raises OSError when it cannot listen, ValueError for bad TLS material."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        max_frame: int,
+        max_send: int = ...,
+        keepalive: float = 30.0,
+        keepalive_timeout: float = 10.0,
+        max_header_bytes: int = 16384,
+        max_streams_per_connection: int = 100,
+        cert_pem: bytes | None = None,
+        key_pem: bytes | None = None,
+    ) -> None: ...
+    @property
+    def port(self) -> int: ...
+    def fileno(self) -> int: ...
+    def poll(
+        self,
+    ) -> tuple[
+        list[ServerStream], list[tuple[int, list[bytes], bool, tuple[int, str] | None, bool]]
+    ]: ...
+    def set_serving(self, serving: bool) -> None: ...
+    def stop(self, hard: bool = True) -> None: ...
+
+class ServerStream:
+    """One client's stream on a ``RelayServer``. ``write`` returns 0 (queued), 1 (full:
+    wait for a ``writable`` event) or 2 (the stream is over)."""
+
+    @property
+    def id(self) -> int: ...
+    def metadata(self) -> list[tuple[str, str]]: ...
+    def accept(self) -> None: ...
+    def release(self) -> None: ...
+    def write(self, frame: bytes) -> int: ...
+    def finish(self, code: int, message: str) -> None: ...
+
 #: Largest answer body an ``HttpClient`` reads (bytes); a larger one is a TransportError.
 MAX_API_RESPONSE: int
 

@@ -1,6 +1,7 @@
 """What the client library and the servers (``svc_server``: account API and relay) share:
 the relay's wire messages, channel names, agent ids, the agent credential's wire format,
-the MLS engine calls the servers make, and the event loop both run on.
+the MLS engine calls the servers make, the relay's native gRPC server, and the event
+loop both run on.
 
 The servers import this module and nothing else of ``svc_sdk``; ``tests/test_layout.py``
 holds them to it. Everything here is a stable name for something defined in the library
@@ -17,12 +18,15 @@ True
 
 from __future__ import annotations
 
+from svc_sdk._codes import Code
 from svc_sdk._loop import new_event_loop
 from svc_sdk._loop import run as run_event_loop
 from svc_sdk._native import (
     GroupTracker,
     Observed,
+    RelayServer,
     Roles,
+    ServerStream,
     TrackedGroup,
     inspect,
     verify_agent_credential,
@@ -48,13 +52,16 @@ __all__ = [
     "MAX_IDENTITY",
     "REQUEST_LABEL",
     "AgentId",
+    "Code",
     "CredentialContent",
     "CredentialRequest",
     "GroupTracker",
     "MlsError",
     "Observed",
     "PolicyError",
+    "RelayServer",
     "Roles",
+    "ServerStream",
     "TrackedGroup",
     "inspect",
     "is_valid_channel_name",

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import enum
 import itertools
 import logging
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import TypeAlias
 from google.protobuf import message_factory
 
 from svc_sdk import credentials
+from svc_sdk._codes import Code as Code  # re-exported: the name callers know
 from svc_sdk._native import RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
 
@@ -100,28 +100,6 @@ def _encode(request: Request, request_id: int) -> bytes:
         # and the request would fail again on every reconnect.
         raise ValueError(f"relay frame of {len(data):,} bytes is over the {MAX_FRAME:,} limit")
     return data
-
-
-class Code(enum.IntEnum):
-    """gRPC status codes: a stream's end, and a Reply's ``code``."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    PERMISSION_DENIED = 7
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
-    UNAUTHENTICATED = 16
 
 
 def code_name(code: int) -> str:

@@ -10,6 +10,7 @@
 //! have in flight: the outbox's window).
 
 mod api;
+mod server;
 mod stream;
 mod tls;
 
@@ -27,6 +28,7 @@ use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint};
 
 pub use api::{HttpClient, HttpError, HttpResponse, MAX_RESPONSE};
+pub use server::{Polled, RelayServer, ServerConfig, ServerStream, StreamEvent, Written, SERVICE};
 pub use stream::{Drained, RelayStream, State, RECEIVE_HIGH_WATER};
 use tls::tls_connector;
 

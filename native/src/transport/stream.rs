@@ -19,7 +19,7 @@ use tonic::{Code, Status};
 use super::{runtime, Connection, TransportError, MAX_RECEIVE, MAX_SEND, METHOD};
 
 #[derive(Clone, Copy, Default)]
-struct RawCodec;
+pub(super) struct RawCodec;
 
 impl Codec for RawCodec {
     type Encode = Bytes;
@@ -260,7 +260,7 @@ async fn run(
 
 /// A status's message, with the transport error under it when there is one (a refused
 /// connection says so, not just "transport error").
-fn describe(status: &Status) -> String {
+pub(super) fn describe(status: &Status) -> String {
     use std::error::Error;
     let mut text = status.message().to_owned();
     let mut source = status.source();
