@@ -119,7 +119,9 @@ impl Wakeup {
 #[derive(Default)]
 struct StreamState {
     frames: VecDeque<Bytes>,
+    // Bytes received and not yet released by the relay: in `frames` or handed over.
     queued: usize,
+    handed: usize,
     client_done: bool,
     ended: Option<(i32, String)>,
     reported_end: bool,
@@ -169,9 +171,11 @@ impl StreamShared {
     fn take(&self) -> StreamEvent {
         let mut state = self.lock();
         state.listed = false;
+        let frames: Vec<Bytes> = state.frames.drain(..).collect();
+        state.handed += frames.iter().map(Bytes::len).sum::<usize>();
         let event = StreamEvent {
             id: self.id,
-            frames: state.frames.drain(..).collect(),
+            frames,
             client_done: state.client_done,
             ended: state.ended.clone(),
             writable: std::mem::take(&mut state.writable),
@@ -220,7 +224,9 @@ impl ServerStream {
     /// The relay has processed every frame it was handed: reading the client goes on
     /// (it stops while [`RECEIVE_HIGH_WATER`] bytes are handed over and not released).
     pub fn release(&self) {
-        self.shared.lock().queued = 0;
+        let mut state = self.shared.lock();
+        state.queued -= std::mem::take(&mut state.handed);
+        drop(state);
         // One waiter at most (the reading task); with none, the permit is kept for it.
         self.shared.drained.notify_one();
     }
@@ -574,24 +580,22 @@ impl tower::Service<tonic::Request<Streaming<Bytes>>> for Connect {
             });
             let (decide, decided) = oneshot::channel();
             let (tx, rx) = mpsc::unbounded_channel();
-            let reader = tokio::spawn(read(request.into_inner(), shared.clone()));
-            // From here, however this future ends (a client that cancels before the relay
-            // decides drops it), the relay hears that the stream ended.
-            let outgoing = Outgoing {
-                rx,
-                shared: shared.clone(),
-                reader,
-            };
             {
+                // Listed before its reader starts: the relay learns of a stream before
+                // any event of it.
                 let mut ready = routes.wakeup.lock();
                 ready.accepted.push(ServerStream {
-                    shared,
+                    shared: shared.clone(),
                     metadata,
                     decide: Mutex::new(Some(decide)),
                     outgoing: Mutex::new(Some(tx)),
                 });
                 routes.wakeup.signal(&mut ready);
             }
+            let reader = tokio::spawn(read(request.into_inner(), shared.clone()));
+            // From here, however this future ends (a client that cancels before the relay
+            // decides drops it), the relay hears that the stream ended.
+            let outgoing = Outgoing { rx, shared, reader };
             match decided.await {
                 Ok(Ok(())) => Ok(tonic::Response::new(outgoing)),
                 Ok(Err(status)) => Err(status),
