@@ -12,7 +12,9 @@ use crate::transport::{RelayServer, ServerConfig, ServerStream, TransportError a
 /// The relay's gRPC server on `host:port` (0: a free port; `port` says which), serving
 /// the relay protocol and the standard health service, in plaintext or, given a PEM
 /// certificate chain and key, TLS. Frames over `max_frame` bytes end their stream
-/// (RESOURCE_EXHAUSTED); header blocks over `max_header_bytes` are refused.
+/// (RESOURCE_EXHAUSTED); header blocks over `max_header_bytes` are refused; a connection
+/// that has not finished its TLS handshake, or sent its first byte, in
+/// `handshake_timeout` seconds is closed.
 ///
 /// >>> server = RelayServer("127.0.0.1", 0, max_frame=1 << 20)
 /// >>> accepted, events = server.poll()
@@ -26,7 +28,7 @@ impl PyRelayServer {
     #[new]
     #[pyo3(signature = (host, port, *, max_frame, max_send=16 * 1024 * 1024, keepalive=30.0,
         keepalive_timeout=10.0, max_header_bytes=16 * 1024, max_streams_per_connection=100,
-        cert_pem=None, key_pem=None))]
+        handshake_timeout=10.0, cert_pem=None, key_pem=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -38,6 +40,7 @@ impl PyRelayServer {
         keepalive_timeout: f64,
         max_header_bytes: u32,
         max_streams_per_connection: u32,
+        handshake_timeout: f64,
         cert_pem: Option<Vec<u8>>,
         key_pem: Option<Vec<u8>>,
     ) -> PyResult<Self> {
@@ -53,6 +56,7 @@ impl PyRelayServer {
             keepalive_timeout: crate::py_transport::seconds(keepalive_timeout, "keepalive_timeout")?,
             max_header_bytes,
             max_streams_per_connection,
+            handshake_timeout: crate::py_transport::seconds(handshake_timeout, "handshake_timeout")?,
             tls,
         };
         let inner = py

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("svc_server.relay")
 
 QUEUED, FULL, ENDED = 0, 1, 2  # what ServerStream.write did
+# Frames one stream's reader handles before it lets the loop turn: one poll can hand over
+# a megabyte of tiny frames, and other streams must not wait for all of them.
+FAIR_SHARE = 64
 OK = Code.OK
 CANCELLED = Code.CANCELLED
 
@@ -98,9 +101,13 @@ class ClientStream:
         """The client's frames, parsed (None for one that does not parse), until it closes
         its side; raises ConnectionError when the stream ends otherwise (cancelled,
         connection lost, a frame over the size limit)."""
+        handled = 0
         while True:
             while self._frames:
                 yield parse_frame(self._frames.popleft())
+                handled += 1
+                if handled % FAIR_SHARE == 0:
+                    await asyncio.sleep(0)
             # Everything handed over is processed: the extension may read on.
             self._stream.release()
             if self._ended is not None and not self._client_done:

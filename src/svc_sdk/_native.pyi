@@ -282,6 +282,7 @@ class RelayServer:
         keepalive_timeout: float = 10.0,
         max_header_bytes: int = 16384,
         max_streams_per_connection: int = 100,
+        handshake_timeout: float = 10.0,
         cert_pem: bytes | None = None,
         key_pem: bytes | None = None,
     ) -> None: ...

@@ -49,8 +49,6 @@ pub const RECEIVE_HIGH_WATER: usize = 1024 * 1024;
 /// refused until it drains to half of this. A client that stops reading so costs the
 /// relay this, one frame, and h2's send buffer, per stream.
 pub const SEND_HIGH_WATER: usize = 512 * 1024;
-/// How long a TCP connection may take to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The server's limits.
 #[derive(Debug, Clone)]
@@ -66,6 +64,9 @@ pub struct ServerConfig {
     pub max_header_bytes: u32,
     /// Streams one connection may have open at once.
     pub max_streams_per_connection: u32,
+    /// How long a new connection may take to start: its TLS handshake, or in plaintext
+    /// the first byte of HTTP/2's preface. A connection that says nothing is closed.
+    pub handshake_timeout: Duration,
     /// PEM certificate chain and private key: TLS (ALPN h2) instead of plaintext.
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
 }
@@ -480,11 +481,18 @@ async fn connection(
     mut stopping: watch::Receiver<u8>,
 ) {
     let config = routes.config.clone();
+    // A failed or stalled start: dropping the socket ends the connection.
     let io: Box<dyn super::Io> = match tls {
-        None => Box::new(tcp),
-        Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+        None => {
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(config.handshake_timeout, tcp.peek(&mut first)).await {
+                Ok(Ok(1)) => Box::new(tcp),
+                _ => return,
+            }
+        }
+        Some(tls) => match tokio::time::timeout(config.handshake_timeout, tls.accept(tcp)).await {
             Ok(Ok(stream)) => Box::new(stream),
-            _ => return, // a failed or stalled handshake: the client sees the connection end
+            _ => return,
         },
     };
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
@@ -637,17 +645,42 @@ mod tests {
     use super::super::{Connection, ConnectionConfig, RelayStream, State};
     use super::*;
 
-    fn server(max_frame: usize) -> RelayServer {
-        let config = ServerConfig {
+    fn config(max_frame: usize) -> ServerConfig {
+        ServerConfig {
             max_frame,
             max_send: 16 * 1024 * 1024,
             keepalive: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
             max_header_bytes: 16 * 1024,
             max_streams_per_connection: 100,
+            handshake_timeout: Duration::from_secs(10),
             tls: None,
+        }
+    }
+
+    fn server(max_frame: usize) -> RelayServer {
+        RelayServer::bind("127.0.0.1", 0, config(max_frame)).unwrap()
+    }
+
+    #[test]
+    fn a_connection_that_says_nothing_is_closed_after_the_handshake_timeout() {
+        use std::io::Read;
+        let config = ServerConfig {
+            handshake_timeout: Duration::from_millis(200),
+            ..config(1024)
         };
-        RelayServer::bind("127.0.0.1", 0, config).unwrap()
+        let server = RelayServer::bind("127.0.0.1", 0, config).unwrap();
+        let mut silent = std::net::TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+        silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let started = Instant::now();
+        let mut byte = [0u8; 1];
+        // Closed: end of stream (or a reset), not the 5 s read timeout.
+        match silent.read(&mut byte) {
+            Ok(0) => {}
+            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}"),
+            Ok(_) => panic!("the relay said something to a silent connection"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(4));
     }
 
     fn connect(server: &RelayServer, metadata: &[(&str, &str)]) -> RelayStream {

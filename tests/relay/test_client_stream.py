@@ -1,0 +1,112 @@
+"""``ClientStream`` (server/relay/transport.py), the relay's side of one stream, as pure
+logic over a stand-in for the native ``ServerStream``: what it hands ``Relay.connect``,
+when it lets the native side read on, and that one stream's burst leaves the event loop
+to the others. The real server is exercised by test_server_transport.py and the rest of
+the relay suite."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_server.relay.transport import FAIR_SHARE, FULL, QUEUED, ClientStream
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeStream:
+    id = 7
+
+    def __init__(self) -> None:
+        self.released = 0
+        self.room = True
+        self.written: list[bytes] = []
+        self.finished: tuple[int, str] | None = None
+
+    def metadata(self) -> list[tuple[str, str]]:
+        return [("authorization", "Bearer t")]
+
+    def accept(self) -> None: ...
+
+    def release(self) -> None:
+        self.released += 1
+
+    def write(self, frame: bytes) -> int:
+        if not self.room:
+            return FULL
+        self.written.append(frame)
+        return QUEUED
+
+    def finish(self, code: int, message: str) -> None:
+        self.finished = (code, message)
+
+
+def frame(request_id: int) -> bytes:
+    return pb.ClientFrame(
+        request_id=request_id, unsubscribe=pb.Unsubscribe(channel="a/b/c")
+    ).SerializeToString()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_a_burst_of_frames_lets_the_loop_turn() -> None:
+    stream = FakeStream()
+    client = ClientStream(stream)  # type: ignore[arg-type]
+    burst = 20 * FAIR_SHARE
+    client.on_event([frame(i + 1) for i in range(burst)], True, None, False)
+    turns = 0
+
+    async def other_stream() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_stream())
+    await asyncio.sleep(0)
+    got = [f.request_id async for f in client.requests() if f is not None]
+    other.cancel()
+    assert got == list(range(1, burst + 1))
+    assert turns >= burst // FAIR_SHARE  # the other task ran all along, not after
+    assert stream.released >= 1  # everything handed over was released once processed
+
+
+async def test_frames_that_do_not_parse_become_none_and_an_end_raises() -> None:
+    client = ClientStream(FakeStream())  # type: ignore[arg-type]
+    client.on_event([b"\xff\xff not protobuf", frame(3)], False, (8, "frame too large"), False)
+    frames = client.requests()
+    assert await anext(frames) is None
+    assert (await anext(frames)).request_id == 3  # type: ignore[union-attr]
+    with pytest.raises(ConnectionError, match="frame too large"):
+        await anext(frames)
+
+
+async def test_a_full_stream_waits_for_room_and_then_writes() -> None:
+    stream = FakeStream()
+    client = ClientStream(stream)  # type: ignore[arg-type]
+    stream.room = False
+    writing = asyncio.create_task(client.write(b"frame"))
+    await asyncio.sleep(0.01)
+    assert not writing.done() and stream.written == []
+    stream.room = True
+    client.on_event([], False, None, True)  # the native side reports room again
+    await asyncio.wait_for(writing, 5)
+    assert stream.written == [b"frame"]
+
+
+async def test_the_transport_error_status_reaches_the_client() -> None:
+    stream = FakeStream()
+    client = ClientStream(stream)  # type: ignore[arg-type]
+    client.on_event([], False, (8, "decoded message length too large"), False)
+    client.finish_ok()
+    assert stream.finished == (8, "decoded message length too large")
+    cancelled = FakeStream()
+    other = ClientStream(cancelled)  # type: ignore[arg-type]
+    other.on_event([], False, (1, "stream closed"), False)
+    other.finish_ok()
+    assert cancelled.finished == (0, "")
