@@ -13,7 +13,7 @@ use crate::transport::{RelayServer, ServerConfig, ServerStream, TransportError a
 /// the relay protocol and the standard health service, in plaintext or, given a PEM
 /// certificate chain and key, TLS. Frames over `max_frame` bytes end their stream
 /// (RESOURCE_EXHAUSTED); header blocks over `max_header_bytes` are refused; a connection
-/// that has not finished its TLS handshake, or sent its first byte, in
+/// that has not finished its TLS handshake and sent its first request in
 /// `handshake_timeout` seconds is closed.
 ///
 /// >>> server = RelayServer("127.0.0.1", 0, max_frame=1 << 20)

@@ -140,6 +140,7 @@ class Transport:
         self._streams: dict[int, ClientStream] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -148,16 +149,21 @@ class Transport:
 
     async def stop(self, grace: float | None) -> None:
         """Refuses new streams and reports NOT_SERVING; gives the open streams ``grace``
-        seconds, then closes every connection."""
+        seconds, ends the rest with UNAVAILABLE, then closes every connection. Once."""
+        if self._stopping:
+            return
+        self._stopping = True
         self.server.set_serving(False)
-        self.server.stop(hard=not grace)
+        self.server.stop(hard=False)  # no new connections; GOAWAY on the open ones
         if grace and self._tasks:
             await asyncio.wait(set(self._tasks), timeout=grace)
-        self.server.stop(hard=True)
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
+        while self._tasks:  # each ends its stream with UNAVAILABLE (_serve)
+            for task in list(self._tasks):
+                task.cancel()
             await asyncio.wait(set(self._tasks))
+        # Let the connections' threads write those statuses before the sockets close.
+        await asyncio.sleep(0.05)
+        self.server.stop(hard=True)
         if self._loop is not None:
             self._loop.remove_reader(self.server.fileno())
             self._loop = None
@@ -165,6 +171,9 @@ class Transport:
     def _poll(self) -> None:
         accepted, events = self.server.poll()
         for stream in accepted:
+            if self._stopping:
+                stream.finish(int(Code.UNAVAILABLE), "the relay is shutting down")
+                continue
             client = ClientStream(stream)
             self._streams[client.id] = client
             task = asyncio.ensure_future(self._serve(client))

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_client import RelayConnection
+from svc_sdk.relay_client import Code, RelayConnection, StreamError
 from svc_server.stack import Stack
 
 from .conftest import Account
@@ -95,3 +95,16 @@ async def test_a_stream_the_client_cancels_ends_its_session(stack: Stack, accoun
         await asyncio.sleep(0.01)
     assert not stack.relay.relay.sessions
     await served(stack, account)
+
+
+async def test_a_stopping_relay_ends_open_streams_with_unavailable(
+    stack: Stack, account: Account
+) -> None:
+    conn = RelayConnection(stack.relay_url, await account.token(), b"stays")
+    await conn.open()
+    assert conn.closed is not None
+    await stack.relay.transport.stop(0.2)
+    ended = await asyncio.wait_for(asyncio.shield(conn.closed), 5)
+    assert isinstance(ended, StreamError), ended
+    assert ended.status == Code.UNAVAILABLE and "shutting down" in ended.details
+    await conn.close()

@@ -45,6 +45,14 @@ use super::{TransportError, METHOD};
 pub const SERVICE: &str = "svc.relay.v1.Relay";
 /// Bytes of received frames a stream holds for the relay before it stops reading them.
 pub const RECEIVE_HIGH_WATER: usize = 1024 * 1024;
+/// What a received frame counts toward [`RECEIVE_HIGH_WATER`] beyond its bytes: what it
+/// costs to hold (its `Bytes`, then a Python object), so that a flood of empty frames is
+/// bounded like a flood of large ones.
+const FRAME_OVERHEAD: usize = 128;
+/// HTTP/2 receive window of a stream (the client may send this much ahead of the relay's
+/// reading), and the largest a connection's may be.
+const STREAM_WINDOW: u32 = 256 * 1024;
+const MAX_WINDOW: u32 = (1 << 31) - 1;
 /// Bytes written to a stream and not yet taken by the connection past which writes are
 /// refused until it drains to half of this. A client that stops reading so costs the
 /// relay this, one frame, and h2's send buffer, per stream.
@@ -64,8 +72,8 @@ pub struct ServerConfig {
     pub max_header_bytes: u32,
     /// Streams one connection may have open at once.
     pub max_streams_per_connection: u32,
-    /// How long a new connection may take to start: its TLS handshake, or in plaintext
-    /// the first byte of HTTP/2's preface. A connection that says nothing is closed.
+    /// How long a new connection may take to start: its TLS handshake, HTTP/2's preface
+    /// and its first request. A connection that has not is closed.
     pub handshake_timeout: Duration,
     /// PEM certificate chain and private key: TLS (ALPN h2) instead of plaintext.
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
@@ -173,7 +181,7 @@ impl StreamShared {
         let mut state = self.lock();
         state.listed = false;
         let frames: Vec<Bytes> = state.frames.drain(..).collect();
-        state.handed += frames.iter().map(Bytes::len).sum::<usize>();
+        state.handed += frames.iter().map(|f| f.len() + FRAME_OVERHEAD).sum::<usize>();
         let event = StreamEvent {
             id: self.id,
             frames,
@@ -481,20 +489,21 @@ async fn connection(
     mut stopping: watch::Receiver<u8>,
 ) {
     let config = routes.config.clone();
-    // A failed or stalled start: dropping the socket ends the connection.
+    // One deadline for the whole start: the TLS handshake, HTTP/2's preface and settings,
+    // and the first request. hyper waits for the preface without a limit and pings only
+    // after it, so a connection that stalls anywhere before its first request would hold
+    // its socket for good. Dropping the connection closes it.
+    let deadline = tokio::time::Instant::now() + config.handshake_timeout;
     let io: Box<dyn super::Io> = match tls {
-        None => {
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(config.handshake_timeout, tcp.peek(&mut first)).await {
-                Ok(Ok(1)) => Box::new(tcp),
-                _ => return,
-            }
-        }
-        Some(tls) => match tokio::time::timeout(config.handshake_timeout, tls.accept(tcp)).await {
+        None => Box::new(tcp),
+        Some(tls) => match tokio::time::timeout_at(deadline, tls.accept(tcp)).await {
             Ok(Ok(stream)) => Box::new(stream),
             _ => return,
         },
     };
+    // The stream window times the streams a connection may have: a stream whose reader
+    // has stopped holds its own window of the connection's, never another stream's.
+    let connection_window = STREAM_WINDOW.saturating_mul(config.max_streams_per_connection);
     let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     builder
         .timer(TokioTimer::new())
@@ -502,11 +511,22 @@ async fn connection(
         .keep_alive_timeout(config.keepalive_timeout)
         .max_header_list_size(config.max_header_bytes)
         .max_concurrent_streams(config.max_streams_per_connection)
-        .initial_stream_window_size(4 * 1024 * 1024)
-        .initial_connection_window_size(8 * 1024 * 1024);
-    let service = hyper::service::service_fn(move |request| routes.clone().route(request));
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(connection_window.min(MAX_WINDOW));
+    let started = Arc::new(Notify::new());
+    let first_request = started.clone();
+    let service = hyper::service::service_fn(move |request| {
+        first_request.notify_one();
+        routes.clone().route(request)
+    });
     let conn = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = started.notified() => {}
+        _ = tokio::time::sleep_until(deadline) => return,
+        _ = stopping.changed() => {}
+    }
     if *stopping.borrow_and_update() == RUNNING {
         tokio::select! {
             _ = conn.as_mut() => return,
@@ -624,7 +644,7 @@ async fn read(mut incoming: Streaming<Bytes>, shared: Arc<StreamShared>) {
         }
         match incoming.message().await {
             Ok(Some(frame)) => shared.update(|state| {
-                state.queued += frame.len();
+                state.queued += frame.len() + FRAME_OVERHEAD;
                 state.frames.push_back(frame);
             }),
             Ok(None) => return shared.update(|state| state.client_done = true),
@@ -662,25 +682,67 @@ mod tests {
         RelayServer::bind("127.0.0.1", 0, config(max_frame)).unwrap()
     }
 
-    #[test]
-    fn a_connection_that_says_nothing_is_closed_after_the_handshake_timeout() {
+    /// Whether the relay closes `sock` (end of stream or a reset) within 4 s; anything
+    /// it sends before (HTTP/2's settings) is read past.
+    fn closed_soon(mut sock: std::net::TcpStream) -> bool {
         use std::io::Read;
+        sock.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+        let mut buf = [0u8; 1024];
+        loop {
+            match sock.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) => return e.kind() == io::ErrorKind::ConnectionReset,
+            }
+        }
+    }
+
+    #[test]
+    fn a_connection_that_starts_no_request_in_time_is_closed() {
+        use std::io::Write;
         let config = ServerConfig {
             handshake_timeout: Duration::from_millis(200),
             ..config(1024)
         };
         let server = RelayServer::bind("127.0.0.1", 0, config).unwrap();
-        let mut silent = std::net::TcpStream::connect(("127.0.0.1", server.port())).unwrap();
-        silent.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-        let started = Instant::now();
-        let mut byte = [0u8; 1];
-        // Closed: end of stream (or a reset), not the 5 s read timeout.
-        match silent.read(&mut byte) {
-            Ok(0) => {}
-            Err(e) => assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}"),
-            Ok(_) => panic!("the relay said something to a silent connection"),
+        let silent = std::net::TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+        assert!(closed_soon(silent), "a silent connection was kept");
+        // HTTP/2's preface and an empty SETTINGS frame, then nothing.
+        let mut idle = std::net::TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+        idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .unwrap();
+        assert!(closed_soon(idle), "a connection with no request was kept");
+        // A connection whose first request comes in time stays, past the deadline.
+        let client = connect(&server, &[]);
+        let stream = accepted(&server);
+        stream.accept();
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(client.write(Bytes::from_static(b"still here")));
+        until("frame", || {
+            server.poll().events.into_iter().find(|e| !e.frames.is_empty())
+        });
+    }
+
+    #[test]
+    fn empty_frames_count_toward_the_receive_bound() {
+        let server = server(1024);
+        let client = connect(&server, &[]);
+        let stream = accepted(&server);
+        stream.accept();
+        for _ in 0..20_000 {
+            assert!(client.write(Bytes::new()));
         }
-        assert!(started.elapsed() < Duration::from_secs(4));
+        let mut got = 0;
+        let deadline = Instant::now() + Duration::from_millis(500);
+        while Instant::now() < deadline {
+            got += server.poll().events.iter().map(|e| e.frames.len()).sum::<usize>();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let bound = RECEIVE_HIGH_WATER / FRAME_OVERHEAD;
+        assert!(
+            (bound..=bound + 1).contains(&got),
+            "{got} empty frames handed over unreleased"
+        );
     }
 
     fn connect(server: &RelayServer, metadata: &[(&str, &str)]) -> RelayStream {
