@@ -724,6 +724,43 @@ mod tests {
     }
 
     #[test]
+    fn streams_whose_reading_stopped_leave_the_connection_to_the_others() {
+        let server = server(1024 * 1024);
+        let config = ConnectionConfig {
+            endpoint: format!("127.0.0.1:{}", server.port()),
+            ca_pem: None,
+            keepalive: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+        };
+        let shared = Connection::new(&config).unwrap();
+        let open = || {
+            let client = RelayStream::open(&shared, &[]).unwrap();
+            let stream = accepted(&server);
+            stream.accept();
+            (client, stream)
+        };
+        // Three streams the relay stops processing (never released), each sent 6 MiB:
+        // more than any window, so each holds all the connection would give it.
+        let stalled: Vec<_> = (0..3).map(|_| open()).collect();
+        for (client, _) in &stalled {
+            for _ in 0..96 {
+                assert!(client.write(Bytes::from(vec![0u8; 64 * 1024])));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let (live, stream) = open();
+        assert!(live.write(Bytes::from_static(b"still served")));
+        until("the live stream's frame", || {
+            server
+                .poll()
+                .events
+                .into_iter()
+                .find(|e| e.id == stream.id() && !e.frames.is_empty())
+        });
+    }
+
+    #[test]
     fn empty_frames_count_toward_the_receive_bound() {
         let server = server(1024);
         let client = connect(&server, &[]);
