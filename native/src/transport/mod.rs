@@ -11,6 +11,7 @@
 
 mod api;
 mod server;
+mod server_stream;
 mod stream;
 mod tls;
 

@@ -6,57 +6,44 @@
 //! nothing here reads them. Unlike the client, one eventfd serves every stream: the
 //! relay's event loop is woken once for whatever happened on any number of streams —
 //! new streams, frames, ends, room to write again — and takes all of it in one `poll`.
-//! Each stream's received frames stop being read from the connection past
-//! [`RECEIVE_HIGH_WATER`] until the relay takes them (HTTP/2 flow control then holds the
-//! client back), and each stream refuses writes past [`SEND_HIGH_WATER`] until hyper has
-//! taken them, so a client that stops reading costs the relay a bounded amount.
+//! Each stream (server_stream.rs) stops reading its client past `RECEIVE_HIGH_WATER`
+//! until the relay releases what it was handed (HTTP/2 flow control then holds the
+//! client back), and refuses writes past `SEND_HIGH_WATER` until hyper has taken them,
+//! so a client that stops reading or writes too fast costs the relay a bounded amount.
 
-use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::os::fd::RawFd;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::runtime::{Handle, Runtime};
-use tokio::sync::{mpsc, oneshot, watch, Notify};
-use tokio::task::JoinHandle;
+use tokio::sync::{watch, Notify};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{crypto::aws_lc_rs, ServerConfig as TlsConfig};
 use tokio_rustls::TlsAcceptor;
-use tonic::{Code, Status, Streaming};
+use tonic::Status;
 use tonic_health::pb::health_server::HealthServer;
 use tonic_health::server::{HealthReporter, HealthService};
 use tonic_health::ServingStatus;
 use tower::ServiceExt;
 
+use super::server_stream::{Connect, Wakeup};
+pub use super::server_stream::{ServerStream, StreamEvent, Written};
 use super::stream::RawCodec;
 use super::{TransportError, METHOD};
 
 /// The relay protocol's service name, as the health service reports it.
 pub const SERVICE: &str = "svc.relay.v1.Relay";
-/// Bytes of received frames a stream holds for the relay before it stops reading them.
-pub const RECEIVE_HIGH_WATER: usize = 1024 * 1024;
-/// What a received frame counts toward [`RECEIVE_HIGH_WATER`] beyond its bytes: what it
-/// costs to hold (its `Bytes`, then a Python object), so that a flood of empty frames is
-/// bounded like a flood of large ones.
-const FRAME_OVERHEAD: usize = 128;
 /// HTTP/2 receive window of a stream (the client may send this much ahead of the relay's
 /// reading), and the largest a connection's may be.
 const STREAM_WINDOW: u32 = 256 * 1024;
 const MAX_WINDOW: u32 = (1 << 31) - 1;
-/// Bytes written to a stream and not yet taken by the connection past which writes are
-/// refused until it drains to half of this. A client that stops reading so costs the
-/// relay this, one frame, and h2's send buffer, per stream.
-pub const SEND_HIGH_WATER: usize = 512 * 1024;
 
 /// The server's limits.
 #[derive(Debug, Clone)]
@@ -79,235 +66,10 @@ pub struct ServerConfig {
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
 }
 
-/// What happened on one stream since the relay last polled it.
-#[derive(Debug, Default)]
-pub struct StreamEvent {
-    pub id: u64,
-    pub frames: Vec<Bytes>,
-    /// The client has sent its last frame (half-close).
-    pub client_done: bool,
-    /// The stream is over: (gRPC code, message). Code 0 when it ended cleanly.
-    pub ended: Option<(i32, String)>,
-    /// A write was refused for lack of room, and there is room again.
-    pub writable: bool,
-}
-
 /// What a poll returns: streams that arrived (in order) and what happened on others.
 pub struct Polled {
     pub accepted: Vec<ServerStream>,
     pub events: Vec<StreamEvent>,
-}
-
-struct Ready {
-    accepted: Vec<ServerStream>,
-    active: Vec<Arc<StreamShared>>,
-    signalled: bool,
-}
-
-/// The one wake fd and the lists it announces.
-struct Wakeup {
-    ready: Mutex<Ready>,
-    fd: OwnedFd,
-}
-
-impl Wakeup {
-    fn lock(&self) -> MutexGuard<'_, Ready> {
-        self.ready.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn signal(&self, ready: &mut Ready) {
-        if !ready.signalled {
-            ready.signalled = true;
-            let one = 1u64.to_ne_bytes();
-            // An eventfd counter cannot overflow at one write per poll.
-            let _ = unsafe { libc::write(self.fd.as_raw_fd(), one.as_ptr().cast(), one.len()) };
-        }
-    }
-}
-
-#[derive(Default)]
-struct StreamState {
-    frames: VecDeque<Bytes>,
-    // Bytes received and not yet released by the relay: in `frames` or handed over.
-    queued: usize,
-    handed: usize,
-    client_done: bool,
-    ended: Option<(i32, String)>,
-    reported_end: bool,
-    unsent: usize,
-    blocked: bool,
-    writable: bool,
-    listed: bool,
-}
-
-struct StreamShared {
-    id: u64,
-    wakeup: Arc<Wakeup>,
-    state: Mutex<StreamState>,
-    drained: Notify,
-}
-
-impl StreamShared {
-    fn lock(&self) -> MutexGuard<'_, StreamState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Applies `change` and, if it left something to report, lists the stream for the
-    /// next poll.
-    fn update(self: &Arc<Self>, change: impl FnOnce(&mut StreamState)) {
-        let mut state = self.lock();
-        if state.reported_end {
-            return;
-        }
-        change(&mut state);
-        if !state.listed {
-            state.listed = true;
-            drop(state);
-            let mut ready = self.wakeup.lock();
-            ready.active.push(self.clone());
-            self.wakeup.signal(&mut ready);
-        }
-    }
-
-    fn end(self: &Arc<Self>, code: Code, message: String) {
-        self.update(|state| {
-            if state.ended.is_none() {
-                state.ended = Some((code as i32, message));
-            }
-        });
-    }
-
-    fn take(&self) -> StreamEvent {
-        let mut state = self.lock();
-        state.listed = false;
-        let frames: Vec<Bytes> = state.frames.drain(..).collect();
-        state.handed += frames.iter().map(|f| f.len() + FRAME_OVERHEAD).sum::<usize>();
-        let event = StreamEvent {
-            id: self.id,
-            frames,
-            client_done: state.client_done,
-            ended: state.ended.clone(),
-            writable: std::mem::take(&mut state.writable),
-        };
-        state.reported_end = state.ended.is_some();
-        event
-    }
-}
-
-type Decision = Result<(), Status>;
-
-/// One client stream, as the relay's Python side holds it.
-pub struct ServerStream {
-    shared: Arc<StreamShared>,
-    metadata: Vec<(String, String)>,
-    decide: Mutex<Option<oneshot::Sender<Decision>>>,
-    outgoing: Mutex<Option<mpsc::UnboundedSender<Result<Bytes, Status>>>>,
-}
-
-/// What [`ServerStream::write`] did with a frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Written {
-    Queued,
-    /// Over [`SEND_HIGH_WATER`]: try again after an event with `writable`.
-    Full,
-    Ended,
-}
-
-impl ServerStream {
-    pub fn id(&self) -> u64 {
-        self.shared.id
-    }
-
-    /// The request's ASCII metadata (header name, value), in the order received.
-    pub fn metadata(&self) -> &[(String, String)] {
-        &self.metadata
-    }
-
-    /// Accepts the stream: its response headers go out. No-op once decided.
-    pub fn accept(&self) {
-        if let Some(decide) = self.decide.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = decide.send(Ok(()));
-        }
-    }
-
-    /// The relay has processed every frame it was handed: reading the client goes on
-    /// (it stops while [`RECEIVE_HIGH_WATER`] bytes are handed over and not released).
-    pub fn release(&self) {
-        let mut state = self.shared.lock();
-        state.queued -= std::mem::take(&mut state.handed);
-        drop(state);
-        // One waiter at most (the reading task); with none, the permit is kept for it.
-        self.shared.drained.notify_one();
-    }
-
-    /// Queues `frame`; never blocks.
-    pub fn write(&self, frame: Bytes) -> Written {
-        let outgoing = self.outgoing.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(tx) = outgoing.as_ref() else {
-            return Written::Ended;
-        };
-        let mut state = self.shared.lock();
-        if state.ended.is_some() {
-            return Written::Ended;
-        }
-        if state.unsent >= SEND_HIGH_WATER {
-            state.blocked = true;
-            return Written::Full;
-        }
-        state.unsent += frame.len();
-        drop(state);
-        if tx.send(Ok(frame)).is_err() {
-            return Written::Ended;
-        }
-        Written::Queued
-    }
-
-    /// Ends the stream with gRPC status (`code`, `message`): a refusal if it was never
-    /// accepted, otherwise after every frame written before. Later calls do nothing.
-    pub fn finish(&self, code: i32, message: &str) {
-        let status = Status::new(Code::from_i32(code), message);
-        if let Some(decide) = self.decide.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = decide.send(Err(status));
-        } else if let Some(tx) = self.outgoing.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            if code != Code::Ok as i32 {
-                let _ = tx.send(Err(status));
-            }
-        }
-    }
-}
-
-/// The response body's frames: what the relay writes, until it finishes. Dropped when the
-/// stream is over (hyper drops it on a client's cancel or a lost connection too), which
-/// ends the stream for the relay and stops reading the client.
-struct Outgoing {
-    rx: mpsc::UnboundedReceiver<Result<Bytes, Status>>,
-    shared: Arc<StreamShared>,
-    reader: JoinHandle<()>,
-}
-
-impl tokio_stream::Stream for Outgoing {
-    type Item = Result<Bytes, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let polled = self.rx.poll_recv(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled {
-            let mut state = self.shared.lock();
-            state.unsent = state.unsent.saturating_sub(frame.len());
-            if state.blocked && state.unsent <= SEND_HIGH_WATER / 2 {
-                state.blocked = false;
-                drop(state);
-                self.shared.update(|state| state.writable = true);
-            }
-        }
-        polled
-    }
-}
-
-impl Drop for Outgoing {
-    fn drop(&mut self) {
-        self.reader.abort();
-        self.shared.end(Code::Cancelled, "stream closed".into());
-    }
 }
 
 /// The relay's listening server. Dropping it stops it.
@@ -352,18 +114,7 @@ impl RelayServer {
             let _inside = runtime.enter();
             TcpListener::from_std(std_listener)?
         };
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error().into());
-        }
-        let wakeup = Arc::new(Wakeup {
-            ready: Mutex::new(Ready {
-                accepted: Vec::new(),
-                active: Vec::new(),
-                signalled: false,
-            }),
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        });
+        let wakeup = Arc::new(Wakeup::new()?);
         let health = HealthReporter::new();
         let health_service = HealthServer::new(HealthService::from_health_reporter(health.clone()));
         // Not serving until the relay says so (set_serving), "" included.
@@ -396,22 +147,13 @@ impl RelayServer {
 
     /// Readable whenever there is something to poll.
     pub fn wake_fd(&self) -> RawFd {
-        self.wakeup.fd.as_raw_fd()
+        self.wakeup.fd()
     }
 
     /// New streams, and what happened on the others since the last poll; re-arms the fd.
     pub fn poll(&self) -> Polled {
-        let mut ready = self.wakeup.lock();
-        let mut counter = [0u8; 8];
-        let _ = unsafe { libc::read(self.wakeup.fd.as_raw_fd(), counter.as_mut_ptr().cast(), counter.len()) };
-        ready.signalled = false;
-        let accepted = std::mem::take(&mut ready.accepted);
-        let active = std::mem::take(&mut ready.active);
-        drop(ready);
-        Polled {
-            accepted,
-            events: active.iter().map(|stream| stream.take()).collect(),
-        }
+        let (accepted, events) = self.wakeup.take_all();
+        Polled { accepted, events }
     }
 
     /// What the health service answers for the server ("") and the relay service.
@@ -560,7 +302,10 @@ impl Routes {
             let mut grpc = tonic::server::Grpc::new(RawCodec)
                 .max_decoding_message_size(self.config.max_frame)
                 .max_encoding_message_size(self.config.max_send);
-            let connect = Connect { routes: self.clone() };
+            let connect = Connect {
+                wakeup: self.wakeup.clone(),
+                ids: self.ids.clone(),
+            };
             return Ok(grpc.streaming(connect, request).await);
         }
         if path.starts_with("/grpc.health.v1.Health/") {
@@ -573,95 +318,14 @@ impl Routes {
     }
 }
 
-#[derive(Clone)]
-struct Connect {
-    routes: Routes,
-}
-
-impl tower::Service<tonic::Request<Streaming<Bytes>>> for Connect {
-    type Response = tonic::Response<Outgoing>;
-    type Error = Status;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Status>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Status>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: tonic::Request<Streaming<Bytes>>) -> Self::Future {
-        let routes = self.routes.clone();
-        Box::pin(async move {
-            let metadata = request
-                .metadata()
-                .iter()
-                .filter_map(|entry| match entry {
-                    tonic::metadata::KeyAndValueRef::Ascii(key, value) => {
-                        Some((key.as_str().to_owned(), value.to_str().ok()?.to_owned()))
-                    }
-                    tonic::metadata::KeyAndValueRef::Binary(..) => None,
-                })
-                .collect();
-            let shared = Arc::new(StreamShared {
-                id: routes.ids.fetch_add(1, Ordering::Relaxed),
-                wakeup: routes.wakeup.clone(),
-                state: Mutex::new(StreamState::default()),
-                drained: Notify::new(),
-            });
-            let (decide, decided) = oneshot::channel();
-            let (tx, rx) = mpsc::unbounded_channel();
-            {
-                // Listed before its reader starts: the relay learns of a stream before
-                // any event of it.
-                let mut ready = routes.wakeup.lock();
-                ready.accepted.push(ServerStream {
-                    shared: shared.clone(),
-                    metadata,
-                    decide: Mutex::new(Some(decide)),
-                    outgoing: Mutex::new(Some(tx)),
-                });
-                routes.wakeup.signal(&mut ready);
-            }
-            let reader = tokio::spawn(read(request.into_inner(), shared.clone()));
-            // From here, however this future ends (a client that cancels before the relay
-            // decides drops it), the relay hears that the stream ended.
-            let outgoing = Outgoing { rx, shared, reader };
-            match decided.await {
-                Ok(Ok(())) => Ok(tonic::Response::new(outgoing)),
-                Ok(Err(status)) => Err(status),
-                Err(_) => Err(Status::unavailable("the relay is shutting down")),
-            }
-        })
-    }
-}
-
-async fn read(mut incoming: Streaming<Bytes>, shared: Arc<StreamShared>) {
-    loop {
-        loop {
-            let notified = shared.drained.notified();
-            if shared.lock().queued < RECEIVE_HIGH_WATER {
-                break;
-            }
-            notified.await;
-        }
-        match incoming.message().await {
-            Ok(Some(frame)) => shared.update(|state| {
-                state.queued += frame.len() + FRAME_OVERHEAD;
-                state.frames.push_back(frame);
-            }),
-            Ok(None) => return shared.update(|state| state.client_done = true),
-            // tonic's one OUT_OF_RANGE here is a frame over the size limit, which gRPC
-            // (and the relay's clients) call RESOURCE_EXHAUSTED.
-            Err(status) if status.code() == Code::OutOfRange => {
-                return shared.end(Code::ResourceExhausted, status.message().to_owned())
-            }
-            Err(status) => return shared.end(status.code(), super::stream::describe(&status)),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
 
+    use bytes::Bytes;
+    use tonic::Code;
+
+    use super::super::server_stream::{FRAME_OVERHEAD, RECEIVE_HIGH_WATER};
     use super::super::{Connection, ConnectionConfig, RelayStream, State};
     use super::*;
 
@@ -726,14 +390,7 @@ mod tests {
     #[test]
     fn streams_whose_reading_stopped_leave_the_connection_to_the_others() {
         let server = server(1024 * 1024);
-        let config = ConnectionConfig {
-            endpoint: format!("127.0.0.1:{}", server.port()),
-            ca_pem: None,
-            keepalive: Duration::from_secs(30),
-            keepalive_timeout: Duration::from_secs(10),
-            connect_timeout: Duration::from_secs(5),
-        };
-        let shared = Connection::new(&config).unwrap();
+        let shared = Connection::new(&client_config(&server)).unwrap();
         let open = || {
             let client = RelayStream::open(&shared, &[]).unwrap();
             let stream = accepted(&server);
@@ -782,16 +439,19 @@ mod tests {
         );
     }
 
-    fn connect(server: &RelayServer, metadata: &[(&str, &str)]) -> RelayStream {
-        let config = ConnectionConfig {
+    fn client_config(server: &RelayServer) -> ConnectionConfig {
+        ConnectionConfig {
             endpoint: format!("127.0.0.1:{}", server.port()),
             ca_pem: None,
             keepalive: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
-        };
+        }
+    }
+
+    fn connect(server: &RelayServer, metadata: &[(&str, &str)]) -> RelayStream {
         let metadata: Vec<_> = metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        RelayStream::open(&Connection::new(&config).unwrap(), &metadata).unwrap()
+        RelayStream::open(&Connection::new(&client_config(server)).unwrap(), &metadata).unwrap()
     }
 
     fn until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
@@ -933,14 +593,7 @@ mod tests {
     fn the_health_service_answers_for_the_relay_service() {
         let server = server(1024);
         let check = |service: &str| -> Result<Bytes, Status> {
-            let config = ConnectionConfig {
-                endpoint: format!("127.0.0.1:{}", server.port()),
-                ca_pem: None,
-                keepalive: Duration::from_secs(30),
-                keepalive_timeout: Duration::from_secs(10),
-                connect_timeout: Duration::from_secs(5),
-            };
-            let channel = Connection::new(&config).unwrap().channel;
+            let channel = Connection::new(&client_config(&server)).unwrap().channel;
             // HealthCheckRequest{service}: field 1, length-delimited.
             let mut request = vec![0x0a, service.len() as u8];
             request.extend_from_slice(service.as_bytes());
