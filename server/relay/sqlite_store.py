@@ -49,7 +49,7 @@ CREATE TABLE IF NOT EXISTS messages (
     message BLOB NOT NULL,
     stored_at REAL NOT NULL,
     PRIMARY KEY (channel, seq)
-) WITHOUT ROWID;
+);
 CREATE INDEX IF NOT EXISTS messages_stored_at ON messages (stored_at);
 -- A commit's Welcome is stored once, whatever the number of joiners it is for.
 CREATE TABLE IF NOT EXISTS welcome_blobs (
@@ -86,6 +86,20 @@ CREATE TABLE IF NOT EXISTS groups (
 ) WITHOUT ROWID;
 """
 
+# Messages are stored in a rowid table: in a WITHOUT ROWID table each row lives in the
+# primary key's b-tree, and SQLite reads a whole overflowing row (a 16 KiB message) into
+# memory for every key comparison of an insert. Logs written before hold a WITHOUT ROWID
+# table; _migrate moves its rows in one transaction.
+MIGRATE_MESSAGES = """
+BEGIN IMMEDIATE;
+ALTER TABLE messages RENAME TO messages_without_rowid;
+DROP INDEX IF EXISTS messages_stored_at;
+{schema}
+INSERT INTO messages SELECT * FROM messages_without_rowid ORDER BY channel, seq;
+DROP TABLE messages_without_rowid;
+COMMIT;
+"""
+
 # The most a write may carry to be committed on the event loop (see _enqueue).
 INLINE_MAX_BYTES = 64 * 1024
 # Message ids looked up per query: under SQLite's oldest limit of 999 bound parameters.
@@ -104,6 +118,22 @@ def _connect(path: Path, sync: str) -> sqlite3.Connection:
     # Never inside a commit (an fsync on the event loop): the Checkpointer's thread does it.
     conn.execute("PRAGMA wal_autocheckpoint=0")
     return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Moves a log written with a WITHOUT ROWID ``messages`` table to the rowid layout."""
+    row = conn.execute(
+        "SELECT sql LIKE '%WITHOUT ROWID%' FROM sqlite_master"
+        " WHERE type = 'table' AND name = 'messages'"
+    ).fetchone()
+    if row is None or not row[0]:
+        return
+    try:
+        conn.executescript(MIGRATE_MESSAGES.format(schema=SCHEMA))
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def _entry(channel: str, row: tuple[Any, ...]) -> Entry:
@@ -137,6 +167,7 @@ class SqliteLogStore:
         if not self._path.exists():
             os.close(os.open(self._path, os.O_CREAT | os.O_WRONLY, 0o600))
         conn = _connect(self._path, self._sync)
+        _migrate(conn)
         conn.executescript(SCHEMA)
         self._conn = conn
         self._writer = threading.Thread(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from svc_server.relay import redis_store, sqlite_checkpoints
+from svc_server.relay import redis_store, sqlite_checkpoints, sqlite_store
 from svc_server.relay.redis_store import RedisLogStore
 from svc_server.relay.sqlite_checkpoints import Checkpointer
 from svc_server.relay.sqlite_store import INLINE_MAX_BYTES, SqliteLogStore
@@ -449,3 +449,55 @@ async def test_repeats_are_found_in_a_full_frame_of_ids(store: LogStore) -> None
     assert [e.seq for e in frame[::2]] == list(range(1, 513)), "repeats keep their seq"
     assert [e.seq for e in frame[1::2]] == list(range(513, 1025)), "new ones follow in order"
     assert await store.head("a/b/c") == (1024, 0)
+
+
+async def test_a_log_with_the_without_rowid_layout_is_moved_to_rowids(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Logs written before the rowid layout keep every message, in order, and go on
+    from the same head; the table and its index are in the new layout afterwards."""
+    path = tmp_path / "relay.sqlite3"
+    old_schema = sqlite_store.SCHEMA.replace(
+        "PRIMARY KEY (channel, seq)\n);", "PRIMARY KEY (channel, seq)\n) WITHOUT ROWID;"
+    )
+    assert old_schema.count("WITHOUT ROWID") == sqlite_store.SCHEMA.count("WITHOUT ROWID") + 1
+    monkeypatch.setattr(sqlite_store, "SCHEMA", old_schema)
+    monkeypatch.setattr(sqlite_store, "_migrate", lambda conn: None)
+    old = SqliteLogStore(path)
+    await old.start()
+    try:
+        await old.append_many("a/b/c", b"s", [(b"m1", 0), (b"m2" * 10_000, 0)], [b"i1", b"i2"])
+        await old.append("a/b/d", b"t", b"other", 0)
+    finally:
+        await old.close()
+    monkeypatch.undo()
+
+    def layout() -> tuple[str, str | None]:
+        with sqlite3.connect(path) as conn:
+            table = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'")
+            index = conn.execute(
+                "SELECT tbl_name FROM sqlite_master WHERE name = 'messages_stored_at'"
+            ).fetchone()
+            return table.fetchone()[0], index[0] if index else None
+
+    assert "WITHOUT ROWID" in layout()[0]
+    for _ in range(2):  # the second start finds nothing to move
+        store = SqliteLogStore(path)
+        await store.start()
+        try:
+            table, index_on = layout()
+            assert "WITHOUT ROWID" not in table and index_on == "messages"
+            stored = [(e.seq, e.message) for e in await store.read("a/b/c", 0, 10)]
+            assert stored[0] == (1, b"m1") and stored[1] == (2, b"m2" * 10_000)
+            repeat = await store.append_many("a/b/c", b"s", [(b"m2", 0)], [b"i2"])
+            assert [e.seq for e in repeat] == [2], "the ids moved with the log"
+            assert [e.message for e in await store.read("a/b/d", 0, 10)] == [b"other"]
+        finally:
+            await store.close()
+    store = SqliteLogStore(path)
+    await store.start()
+    try:
+        assert (await store.append("a/b/c", b"s", b"m3", 0)).seq == 3
+        assert await store.head("a/b/c") == (3, 0)
+    finally:
+        await store.close()
