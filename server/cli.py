@@ -59,7 +59,7 @@ def run_relay(args: argparse.Namespace) -> None:
 
     from .relay.metrics import RelayMetrics
     from .relay.server import start_relay
-    from .stack import wait_for_shutdown
+    from .stack import shutdown_requested
 
     async def main() -> None:
         settings = _settings(args)
@@ -67,8 +67,11 @@ def run_relay(args: argparse.Namespace) -> None:
         running = await start_relay(settings, args.host, args.port, metrics=metrics)
         if args.metrics_port:
             start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
+        # Before the line that says it serves: a signal sent as soon as it is printed must
+        # find the handlers, not stop the process without closing the relay.
+        shutdown = shutdown_requested()
         print(f"svc relay on {settings.scheme}://{args.host}:{running.port}", flush=True)
-        await wait_for_shutdown()
+        await shutdown.wait()
         await running.stop()
 
     run_event_loop(main())

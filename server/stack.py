@@ -86,11 +86,6 @@ def shutdown_requested() -> asyncio.Event:
     return stop
 
 
-async def wait_for_shutdown() -> None:
-    """Returns on SIGINT or SIGTERM."""
-    await shutdown_requested().wait()
-
-
 async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:
     stack = await start_stack(settings, host, api_port, relay_port)
     # Before "ready": a signal sent as soon as it is printed must find the handlers.

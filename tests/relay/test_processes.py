@@ -295,6 +295,21 @@ def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, 
     assert out.rstrip().endswith("stopped")
 
 
+def test_svc_relay_stops_cleanly_on_a_sigterm_sent_as_it_says_it_serves(tmp_path: Path) -> None:
+    """A supervisor may stop the relay the moment it reports its address: the signal
+    handlers are in place by then, so it closes the relay and exits 0, not killed."""
+    proc = start(["relay", "--port", str(free_port()), "--data-dir", str(tmp_path / "server")])
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("svc relay on "), line + (proc.stderr.read() if proc.stderr else "")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+
+
 @pytest.mark.parametrize(
     ("command", "expected"),
     [
