@@ -257,8 +257,11 @@ class StreamSession:
                 f"message_id takes none or one distinct id of 1 to {MAX_MESSAGE_ID} bytes "
                 "per message",
             )
+        # Each read of a repeated bytes field copies every message out of the parsed frame:
+        # read once.
+        messages = list(req.message)
         epochs = []
-        for i, message in enumerate(req.message):
+        for i, message in enumerate(messages):
             what = "message" if count == 1 else f"message {i}"
             self._check_size(message, what)
             wire, content, epoch = self._inspect(message, req.channel, what)
@@ -277,11 +280,11 @@ class StreamSession:
         # Reply follows when the messages are durable (pipelined publishes).
         await self._in_flight.acquire()
         stored = self.relay.store.append_many(
-            req.channel, self.member, list(zip(req.message, epochs, strict=True)), ids
+            req.channel, self.member, list(zip(messages, epochs, strict=True)), ids
         )
         metrics = self.relay.metrics
         metrics.application_messages.inc(count)
-        metrics.bytes.inc(sum(len(m) for m in req.message))
+        metrics.bytes.inc(sum(map(len, messages)))
         if stored.done():
             self._stored(request_id, stored)  # an idle store commits at once: no task
         else:
