@@ -7,7 +7,9 @@ Starts `svc api` and one `svc relay` process (SQLite log) pinned to CPU 0 — or
 this process pinned to CPU 1: deliveries per second at 1→1 and 1→50 fan-out with 256-byte messages,
 delivery latency at a paced 1,000 messages/s, and the relay's RSS with 1,000 idle
 streams. The bound printed beside it is measured in the same run: the relay's two
-per-message costs outside the network, storing a message and framing a delivery.
+per-message costs outside the network, storing a message and framing a delivery; and
+how long one full garbage collection stops a started relay, before and after its
+start-up heap is frozen (server/heap.py).
 """
 
 from __future__ import annotations
@@ -281,6 +283,47 @@ def framing_bound(msg: bytes) -> float:
     return statistics.median(rounds)
 
 
+# A relay started in a fresh interpreter, as `svc relay` starts it: how long one full
+# collection of the cyclic garbage collector takes (the event loop waits it out), before
+# and after server/heap.py's settle() freezes the start-up heap. Median of five each.
+GC_PAUSE = """
+import asyncio, gc, statistics, tempfile, time
+from svc_server.config import Settings
+from svc_server.heap import settle
+from svc_server.relay.server import start_relay
+
+def full_collection_ms():
+    rounds = []
+    for _ in range(5):
+        start = time.perf_counter()
+        gc.collect()
+        rounds.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(rounds)
+
+async def main():
+    running = await start_relay(Settings(data_dir=tempfile.mkdtemp()), "127.0.0.1", 0)
+    before = full_collection_ms()
+    frozen = settle()
+    print(before, full_collection_ms(), frozen)
+    await running.stop()
+
+asyncio.run(main())
+"""
+
+
+def gc_pause() -> tuple[float, float, int]:
+    """A started relay's full garbage collection in ms, before and after settle(), and
+    how many objects settle() froze."""
+    out = subprocess.run(
+        ["taskset", "-c", "0", sys.executable, "-P", "-c", GC_PAUSE],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split()
+    return float(out[0]), float(out[1]), int(out[2])
+
+
 async def run_bench(
     args: argparse.Namespace, targets: list[str], token: str, pid: int, api: tuple[str, str]
 ) -> None:
@@ -296,6 +339,7 @@ async def run_bench(
     lat = await paced_latency(targets, token, 1000, args.seconds, msg)
     store_us = await store_bound(5000, msg)
     frame_us = framing_bound(msg)
+    gc_before, gc_after, frozen = gc_pause()
     mode = "two relay processes on Redis" if len(targets) > 1 else "one relay process, SQLite log"
     print(f"Relay capacity, {mode}; 256 B messages; raw subscribers; client on the other core\n")
     print("| measure | value |")
@@ -311,6 +355,8 @@ async def run_bench(
         f"| bound: frame one delivery (pre-encoded, 256 a frame), in process | {frame_us:.3f} µs |"
     )
     print(f"| relay CPU per delivery at 1 → 50 (one core ÷ rate) | {1e6 / fifty:.1f} µs |")
+    print(f"| a full garbage collection of a started relay, in process | {gc_before:.1f} ms |")
+    print(f"| the same after settle() froze its {frozen:,} start-up objects | {gc_after:.2f} ms |")
     print(f"| subscribers told they lagged (caught up from the log) | {Subscriber.lags} |")
 
 

@@ -14,10 +14,12 @@ def run_api(args: argparse.Namespace) -> None:
 
     from .api import create_app
     from .api.serving import uvicorn_options
+    from .heap import settle
 
     settings = _settings(args)
     _ = settings.tls  # fails early, with a clear message, on half or unreadable TLS settings
     app = create_app(settings)
+    settle()
     print(f"svc account API on {settings.scheme}://{args.host}:{args.port}", flush=True)
     uvicorn.run(
         app, host=args.host, port=args.port, log_level=args.log_level, **uvicorn_options(settings)
@@ -57,6 +59,7 @@ def run_relay(args: argparse.Namespace) -> None:
 
     from svc_sdk.protocol import run_event_loop
 
+    from .heap import settle
     from .relay.metrics import RelayMetrics
     from .relay.server import start_relay
     from .stack import shutdown_requested
@@ -65,6 +68,7 @@ def run_relay(args: argparse.Namespace) -> None:
         settings = _settings(args)
         metrics = RelayMetrics()
         running = await start_relay(settings, args.host, args.port, metrics=metrics)
+        settle()
         if args.metrics_port:
             start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
         # Before the line that says it serves: a signal sent as soon as it is printed must

@@ -13,6 +13,7 @@ from .api.deps import Services
 from .api.process import ApiProcess, spawn_api_process
 from .config import Settings
 from .errors import StartupError
+from .heap import settle
 from .relay.metrics import RelayMetrics
 from .relay.server import RunningRelay, start_relay
 
@@ -88,6 +89,7 @@ def shutdown_requested() -> asyncio.Event:
 
 async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:
     stack = await start_stack(settings, host, api_port, relay_port)
+    settle()
     # Before "ready": a signal sent as soon as it is printed must find the handlers.
     shutdown = asyncio.ensure_future(shutdown_requested().wait())
     print(f"svc account API  {stack.api_url}", flush=True)

@@ -173,6 +173,7 @@ class RelayMetricsApp:
 def _child(listen_fd: int, control: Connection, metrics: Connection) -> None:
     from svc_sdk.protocol import run_event_loop
 
+    from ..heap import settle
     from . import create_app
     from .serving import uvicorn_options
 
@@ -214,6 +215,7 @@ def _child(listen_fd: int, control: Connection, metrics: Connection) -> None:
                 control.send(("error", f"account API stopped during start-up{reason}"))
                 return
             await asyncio.sleep(0.01)
+        settle()
         control.send(("ready", ""))
         threading.Thread(target=watch, name="svc-api-control", daemon=True).start()
         await task
