@@ -347,27 +347,26 @@ impl GroupHandle {
         self.mutate(|g| {
             let epoch = g.current_epoch();
             let mut rows = Vec::with_capacity(entries.len());
-            let mut ciphertexts = Vec::with_capacity(entries.len());
             for &(pos, id, payload) in entries {
-                ciphertexts.push(
-                    g.encrypt_application_message(payload, Vec::new())
-                        .map_err(|e| EngineError::mls("encrypt", e))?
-                        .to_bytes()
-                        .map_err(|e| EngineError::mls("encode", e))?,
-                );
+                let ciphertext = g
+                    .encrypt_application_message(payload, Vec::new())
+                    .map_err(|e| EngineError::mls("encrypt", e))?
+                    .to_bytes()
+                    .map_err(|e| EngineError::mls("encode", e))?;
                 rows.push(OutboxRow {
                     pos,
                     id: id.to_vec(),
                     epoch,
                     payload: payload.to_vec(),
+                    ciphertext,
                 });
             }
             store.stage(&self.group_id, rows);
             let written = g.write_to_storage();
             let rows = store.unstage(&self.group_id);
             written.map_err(|e| EngineError::mls("group storage", e))?;
-            rows.ok_or_else(|| EngineError::Storage("the staged outbox rows are gone".into()))?;
-            Ok((epoch, ciphertexts))
+            let rows = rows.ok_or_else(|| EngineError::Storage("the staged outbox rows are gone".into()))?;
+            Ok((epoch, rows.into_iter().map(|r| r.ciphertext).collect()))
         })
     }
 

@@ -6,11 +6,6 @@
 //! on restart) or neither (its key generation was never stored as used, so no
 //! ciphertext under it can have left the process). One write per send instead of two.
 //!
-//! A row holds the plaintext, not the ciphertext: a message restored after a restart is
-//! encrypted again under a fresh generation, under the same message id, so the relay
-//! keeps whichever copy reached it first. Storing the ciphertext too would double the
-//! bytes each send writes (and checkpoints) for the rare restart.
-//!
 //! The group tables are mls-rs's own (`mls_group`, `epoch`; created by
 //! mls-rs-provider-sqlite's migration), written here the way its
 //! `SqLiteGroupStateStorage` writes them, plus the staged outbox rows.
@@ -29,7 +24,7 @@ use crate::error::{EngineError, Result};
 /// How many prior epochs a group keeps, as mls-rs-provider-sqlite's default.
 const EPOCH_RETENTION: u64 = 3;
 
-// A rowid table: its rows (payloads) are often far larger than the 1/20 of a
+// A rowid table: its rows (payload and ciphertext) are far larger than the 1/20 of a
 // page that suits WITHOUT ROWID, where they would spread the key's B-tree over overflow
 // chains and cost every insert and delete more page writes.
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS svc_outbox (
@@ -38,27 +33,32 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS svc_outbox (
     id BLOB NOT NULL,
     epoch INTEGER NOT NULL,
     payload BLOB NOT NULL,
+    ciphertext BLOB NOT NULL,
     UNIQUE (group_id, pos)
 );";
 
 /// Data dirs written before the rowid layout hold a WITHOUT ROWID `svc_outbox`: in one
 /// transaction it is renamed, the new table created ([`SCHEMA`]) and the rows moved.
 const MIGRATE_RENAME: &str = "ALTER TABLE svc_outbox RENAME TO svc_outbox_without_rowid;";
-const MIGRATE_MOVE: &str = "INSERT INTO svc_outbox (group_id, pos, id, epoch, payload)
-        SELECT group_id, pos, id, epoch, payload FROM svc_outbox_without_rowid ORDER BY group_id, pos;
+const MIGRATE_MOVE: &str = "INSERT INTO svc_outbox (group_id, pos, id, epoch, payload, ciphertext)
+        SELECT group_id, pos, id, epoch, payload, ciphertext FROM svc_outbox_without_rowid ORDER BY group_id, pos;
     DROP TABLE svc_outbox_without_rowid;";
-/// Data dirs written before rows dropped the ciphertext.
-const MIGRATE_DROP_CIPHERTEXT: &str = "ALTER TABLE svc_outbox DROP COLUMN ciphertext;";
+
+/// A release kept only the plaintext in each row (a restart encrypted it again, which
+/// cost receivers a generation per message the relay already had). Its rows come back
+/// with an empty ciphertext, which the client encrypts before it sends them.
+const MIGRATE_ADD_CIPHERTEXT: &str = "ALTER TABLE svc_outbox ADD COLUMN ciphertext BLOB NOT NULL DEFAULT x'';";
 
 /// One outbox row: its position in send order, the message id the relay dedupes by,
-/// the epoch it was encrypted in and the plaintext (encrypted again after a restart or
-/// if that epoch goes stale).
+/// the epoch it was encrypted in, the plaintext (re-encrypted if that epoch goes stale)
+/// and the ciphertext to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxRow {
     pub pos: u64,
     pub id: Vec<u8>,
     pub epoch: u64,
     pub payload: Vec<u8>,
+    pub ciphertext: Vec<u8>,
 }
 
 /// Shared by every group of one engine (mls-rs clones it into each group).
@@ -94,13 +94,14 @@ impl GroupStore {
             tx.execute_batch(MIGRATE_MOVE)?;
             tx.commit()?;
         }
-        let has_ciphertext: bool = conn.query_row(
-            "SELECT count(*) FROM pragma_table_info('svc_outbox') WHERE name = 'ciphertext'",
+        // Columns of the existing table (0: none yet), and whether one is the ciphertext.
+        let (columns, ciphertext): (i64, i64) = conn.query_row(
+            "SELECT count(*), coalesce(sum(name = 'ciphertext'), 0) FROM pragma_table_info('svc_outbox')",
             [],
-            |row| row.get(0),
+            |row| Ok((row.get(0)?, row.get(1)?)),
         )?;
-        if has_ciphertext {
-            conn.execute_batch(MIGRATE_DROP_CIPHERTEXT)?;
+        if columns > 0 && ciphertext == 0 {
+            conn.execute_batch(MIGRATE_ADD_CIPHERTEXT)?;
         }
         conn.execute_batch(SCHEMA)?;
         // Not inside a send (two fsyncs, 20–40 ms every few thousand sends): on a thread.
@@ -130,7 +131,7 @@ impl GroupStore {
         self.staged().insert(group_id.to_vec(), rows);
     }
 
-    /// Takes back the rows staged for `group_id`.
+    /// Takes back the rows staged for `group_id` (the caller's ciphertexts, uncopied).
     pub(crate) fn unstage(&self, group_id: &[u8]) -> Option<Vec<OutboxRow>> {
         self.staged().remove(group_id)
     }
@@ -138,14 +139,16 @@ impl GroupStore {
     /// The group's unacknowledged messages, in send order.
     pub fn outbox(&self, group_id: &[u8]) -> Result<Vec<OutboxRow>> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare_cached("SELECT pos, id, epoch, payload FROM svc_outbox WHERE group_id = ?1 ORDER BY pos")?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT pos, id, epoch, payload, ciphertext FROM svc_outbox WHERE group_id = ?1 ORDER BY pos",
+        )?;
         let rows = stmt.query_map([group_id], |row| {
             Ok(OutboxRow {
                 pos: row.get::<_, i64>(0)? as u64,
                 id: row.get(1)?,
                 epoch: row.get::<_, i64>(2)? as u64,
                 payload: row.get(3)?,
+                ciphertext: row.get(4)?,
             })
         })?;
         Ok(rows.collect::<std::result::Result<_, _>>()?)
@@ -211,12 +214,19 @@ impl GroupStore {
                 .execute(params![state.id, int(newest - EPOCH_RETENTION)?])?;
         }
         for row in staged.into_iter().flatten() {
-            bytes += row.payload.len();
+            bytes += row.payload.len() + row.ciphertext.len();
             tx.prepare_cached(
-                "INSERT OR REPLACE INTO svc_outbox (group_id, pos, id, epoch, payload)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT OR REPLACE INTO svc_outbox (group_id, pos, id, epoch, payload, ciphertext)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?
-            .execute(params![state.id, int(row.pos)?, row.id, int(row.epoch)?, row.payload])?;
+            .execute(params![
+                state.id,
+                int(row.pos)?,
+                row.id,
+                int(row.epoch)?,
+                row.payload,
+                row.ciphertext
+            ])?;
         }
         tx.commit()?;
         self.checkpoints.wrote(pages_for(bytes));

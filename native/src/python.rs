@@ -314,13 +314,24 @@ impl PyGroup {
         Ok((epoch, cts.iter().map(|c| bytes(py, c)).collect()))
     }
 
-    /// The outbox rows ``(pos, id, epoch, payload)``, in send order.
+    /// The outbox rows ``(pos, id, epoch, payload, ciphertext)``, in send order.
     #[allow(clippy::type_complexity)]
-    fn outbox<'py>(&self, py: Python<'py>) -> PyResult<Vec<(u64, Bound<'py, PyBytes>, u64, Bound<'py, PyBytes>)>> {
+    fn outbox<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(u64, Bound<'py, PyBytes>, u64, Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
         let rows = py.allow_threads(|| self.inner.outbox()).map_err(to_py)?;
         Ok(rows
             .iter()
-            .map(|r| (r.pos, bytes(py, &r.id), r.epoch, bytes(py, &r.payload)))
+            .map(|r| {
+                (
+                    r.pos,
+                    bytes(py, &r.id),
+                    r.epoch,
+                    bytes(py, &r.payload),
+                    bytes(py, &r.ciphertext),
+                )
+            })
             .collect())
     }
 

@@ -995,18 +995,7 @@ fn queued_messages_are_stored_with_the_ratchet_or_not_at_all() {
             (2, b"id-2".to_vec(), epoch, b"q2".to_vec())
         ]
     );
-    let columns = |db: &rusqlite::Connection| -> Vec<String> {
-        let mut stmt = db.prepare("SELECT name FROM pragma_table_info('svc_outbox')").unwrap();
-        let names = stmt.query_map([], |r| r.get(0)).unwrap();
-        names.map(|n| n.unwrap()).collect()
-    };
-    let db = rusqlite::Connection::open(dir_b.path().join("mls.sqlite3")).unwrap();
-    assert_eq!(
-        columns(&db),
-        ["group_id", "pos", "id", "epoch", "payload"],
-        "no ciphertext"
-    );
-    drop(db);
+    assert_eq!(rows[0].ciphertext, cts[0]);
 
     // A restarted process finds the rows, and a ratchet past the keys they used.
     let copy = snapshot(dir_b.path());
@@ -1080,7 +1069,7 @@ fn an_outbox_in_the_without_rowid_layout_is_moved_to_the_rowid_table() {
              CREATE TABLE svc_outbox (group_id BLOB NOT NULL, pos INTEGER NOT NULL, id BLOB NOT NULL,
                  epoch INTEGER NOT NULL, payload BLOB NOT NULL, ciphertext BLOB NOT NULL,
                  PRIMARY KEY (group_id, pos)) WITHOUT ROWID;
-             INSERT INTO svc_outbox SELECT group_id, pos, id, epoch, payload, x'00' FROM current;
+             INSERT INTO svc_outbox SELECT group_id, pos, id, epoch, payload, ciphertext FROM current;
              DROP TABLE current;",
         )
         .unwrap();
@@ -1097,34 +1086,32 @@ fn an_outbox_in_the_without_rowid_layout_is_moved_to_the_rowid_table() {
 }
 
 #[test]
-fn an_outbox_with_stored_ciphertexts_keeps_its_rows_without_them() {
+fn an_outbox_that_kept_only_plaintexts_gets_its_ciphertext_column_back() {
     let dir_b = tempfile::tempdir().unwrap();
     let (_a, g, gb, _) = alice_and_bob(dir_b.path());
     gb.encrypt_queued(&[(1, b"id-1", b"q1"), (2, b"id-2", b"q2")]).unwrap();
     let rows = gb.outbox().unwrap();
     drop(gb);
 
-    // The layout data dirs had before: a rowid table that also held each ciphertext.
+    // The layout one release wrote: each row without its ciphertext.
     let copy = snapshot(dir_b.path());
     let db = rusqlite::Connection::open(copy.path().join("mls.sqlite3")).unwrap();
-    db.execute_batch("ALTER TABLE svc_outbox ADD COLUMN ciphertext BLOB NOT NULL DEFAULT x'00';")
+    db.execute_batch("ALTER TABLE svc_outbox DROP COLUMN ciphertext;")
         .unwrap();
-    let has_ciphertext = |db: &rusqlite::Connection| -> bool {
-        db.query_row(
-            "SELECT count(*) FROM pragma_table_info('svc_outbox') WHERE name = 'ciphertext'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap()
-    };
-    assert!(has_ciphertext(&db));
 
     let restarted = common::certified(copy.path(), b"bob", None).group(b"g").unwrap();
-    assert!(!has_ciphertext(&db), "the column is gone");
-    assert_eq!(restarted.outbox().unwrap(), rows, "every row kept, in order");
+    let restored = restarted.outbox().unwrap();
+    assert_eq!(restored.len(), 2, "every row kept");
+    for (old, new) in rows.iter().zip(&restored) {
+        assert_eq!(
+            (old.pos, &old.id, old.epoch, &old.payload),
+            (new.pos, &new.id, new.epoch, &new.payload)
+        );
+        assert!(new.ciphertext.is_empty(), "to be encrypted again before it is sent");
+    }
     let (_, next) = restarted.encrypt_queued(&[(3, b"id-3", b"q3")]).unwrap();
     assert_eq!(app_data(g.process(&next[0]).unwrap()).1, b"q3");
-    assert_eq!(restarted.outbox().unwrap().len(), 3);
+    assert_eq!(restarted.outbox().unwrap()[2].ciphertext, next[0]);
 }
 
 #[test]
@@ -1136,15 +1123,15 @@ fn sends_are_copied_back_from_the_wal_by_the_checkpoint_thread() {
     let db = dir_b.path().join("mls.sqlite3");
     let before = std::fs::metadata(&db).unwrap().len();
     let payload = vec![b'm'; 16 * 1024];
-    for batch in 0..250u64 {
+    for batch in 0..80u64 {
         let ids: Vec<Vec<u8>> = (0..10).map(|i| format!("id-{batch}-{i}").into_bytes()).collect();
         let queued: Vec<(u64, &[u8], &[u8])> = (0..10)
             .map(|i| (batch * 10 + i as u64 + 1, ids[i].as_slice(), payload.as_slice()))
             .collect();
         gb.encrypt_queued(&queued).unwrap();
     }
-    // 2,500 rows of 16 KiB: 40 MiB, past the checkpoint's 8,000 pages.
-    let copied = before + 2500 * 16 * 1024;
+    // 800 rows of plaintext and ciphertext: 25 MiB, past the checkpoint's 8,000 pages.
+    let copied = before + 800 * 2 * 16 * 1024;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::fs::metadata(&db).unwrap().len() < copied && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -1153,5 +1140,5 @@ fn sends_are_copied_back_from_the_wal_by_the_checkpoint_thread() {
         std::fs::metadata(&db).unwrap().len() >= copied,
         "the outbox rows reached mls.sqlite3"
     );
-    assert_eq!(gb.outbox().unwrap().len(), 2500);
+    assert_eq!(gb.outbox().unwrap().len(), 800);
 }

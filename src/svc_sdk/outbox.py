@@ -1,17 +1,14 @@
 """A channel's outbox: what ``send()`` accepted and the relay has not acknowledged yet.
 
-``Channel.send`` has the engine encrypt the message and store its outbox row (the
-plaintext) in the transaction that saves the ratchet state (``Group.encrypt_queued``,
-``mls.sqlite3``), then returns; when nothing is in flight it also queues the frame
-itself. A pump thread per channel sends the rest in order: what was sent while a frame
-was on its way leaves in one frame when its Reply comes (Nagle's rule), and full frames
-pipeline, several in flight; each Reply retires its messages (their rows are deleted in
-batches). Every message carries a 16-byte id, stored with its row, and the relay stores
-an id at most once per sender and channel, so resending after a lost connection, a
-failover or a restart never duplicates.
-
-Restart: the rows of an earlier run are encrypted again (fresh generations, the same ids)
-before anything is sent, so the relay keeps whichever copy of a message reached it first.
+``Channel.send`` has the engine encrypt the message and store its outbox row in the
+transaction that saves the ratchet state (``Group.encrypt_queued``, ``mls.sqlite3``),
+then returns; when nothing is in flight it also queues the frame itself. A pump thread
+per channel sends the rest in order: what was sent while a frame was on its way leaves
+in one frame when its Reply comes (Nagle's rule), and full frames pipeline, several in
+flight; each Reply retires its messages (their rows are deleted in batches). Every
+message carries a 16-byte id, stored with its row, and the relay stores an id at most
+once per sender and channel, so resending after a lost connection, a failover or a
+restart never duplicates.
 
 Ordering: frames go out pinned to one connection (``RelayLink.send_soon(pin=...)``); when
 any frame fails, nothing more is sent until every frame in flight has settled, and then
@@ -94,9 +91,10 @@ class Entry:
     mark: int = 0
 
 
-class Restored(Exception):
-    """Stands in for a failed frame when the outbox opens with rows of an earlier run:
-    the pump encrypts them again (``Outbox._recover``) before anything is sent."""
+class Unencrypted(Exception):
+    """Stands in for a failed frame when the outbox opens with rows that a release which
+    stored plaintexts only wrote without their ciphertext: the pump encrypts the queue
+    (``Outbox._reencrypt``) before anything is sent."""
 
 
 class Outbox:
@@ -104,22 +102,24 @@ class Outbox:
         self._channel = channel
         self._cond = threading.Condition()
         rows = channel._group.outbox()
-        # No ciphertext until _recover encrypts them; the payload's size stands in.
         self._entries: deque[Entry] = deque(
-            Entry(pos, mid, epoch, len(payload), b"") for pos, mid, epoch, payload in rows
+            Entry(pos, mid, epoch, len(payload), ct) for pos, mid, epoch, payload, ct in rows
         )
         self._bytes = sum(e.size for e in self._entries)
         self._marked = 0  # ciphertext bytes queued since the outbox opened
         for entry in self._entries:
-            self._marked += entry.size
+            self._marked += len(entry.ciphertext)
             entry.mark = self._marked
         self._next_pos = rows[-1][0] + 1 if rows else 1
         self._done_through = self._next_pos - 1  # every pos up to here stored or failed
         self._sent = 0  # entries at the head of _entries in flight
         # (number of entries, future) per frame in flight, oldest first.
         self._inflight: deque[tuple[int, concurrent.futures.Future[pb.Reply]]] = deque()
-        # A frame failed (or rows were restored): resend from the head.
-        self._halted: BaseException | None = Restored() if rows else None
+        # A frame failed: resend from the head (encrypting first rows stored without
+        # their ciphertext, see Unencrypted).
+        self._halted: BaseException | None = (
+            Unencrypted() if any(not e.ciphertext for e in self._entries) else None
+        )
         self._deferred: SvcError | None = None  # to raise on the next call
         self._failed_through = 0  # the last pos dropped with _deferred
         self._stopped = False
@@ -449,9 +449,8 @@ class Outbox:
         """Every frame in flight settled and one failed: the next round starts from the
         oldest unacknowledged message, re-encrypted first if its epoch was refused."""
         channel = self._channel
-        restored = isinstance(error, Restored)
         stale = isinstance(error, RelayError) and error.code == STALE
-        if restored or stale:
+        if stale or isinstance(error, Unencrypted):
             try:
                 self._reencrypt(error.reply.epoch if isinstance(error, RelayError) else 0)
             except ChannelClosedError:
@@ -465,8 +464,8 @@ class Outbox:
             except TransportError as exc:
                 log.info("channel %s: %s; trying again", channel.name, exc)
                 time.sleep(RETRY_SECONDS)
-                if restored:
-                    return  # not encrypted yet: the pump comes back here
+                if isinstance(error, Unencrypted):
+                    return  # still not encrypted: the pump comes back here
             except Exception as exc:
                 failure = exc if isinstance(exc, SvcError) else InternalError(str(exc))
                 with self._cond:

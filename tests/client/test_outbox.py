@@ -56,20 +56,33 @@ time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("new_epoch", [True, False], ids=["commit-before-restart", "same-epoch"])
+@pytest.mark.parametrize(
+    ("new_epoch", "kept", "plaintext_only"),
+    [(True, 20, False), (False, 20, False), (False, 1100, False), (False, 20, True)],
+    ids=[
+        "commit-before-restart",
+        "same-epoch",
+        "same-epoch-more-than-the-ratchet-window",
+        "rows-a-release-stored-without-ciphertext",
+    ],
+)
 def test_sender_killed_with_a_full_outbox_delivers_each_message_once_in_order(
-    stack: LocalStack, ids: Any, new_epoch: bool
+    stack: LocalStack, ids: Any, new_epoch: bool, kept: int, plaintext_only: bool
 ) -> None:
-    """kill -9 of the sender with 20 stored-but-unacknowledged and 20 unsent messages in
-    its outbox, with or without a commit before it comes back: the restarted outbox
-    encrypts all 40 again (rows hold plaintext), the relay answers the first 20 as repeats
-    (by id, before its epoch check, whatever their new ciphertext) and stores the other
-    20 behind them and before anything sent later."""
+    """kill -9 of the sender with ``kept`` stored-but-unacknowledged and 20 unsent
+    messages in its outbox. The restart sends the stored ciphertexts again: the relay
+    answers the first ``kept`` as repeats (by id, before its epoch check) and stores the
+    other 20 behind them and before anything sent later. After a commit the stored
+    ciphertexts are of a past epoch, and the 20 are re-encrypted in the new one. In the
+    same epoch, more repeats than a receiver's ratchet window (1,024 generations) must
+    not cost generations: had the restart encrypted them again, every message after them
+    would be too far ahead for receivers to decrypt. Rows that a release stored without
+    their ciphertext are encrypted again before anything is sent."""
     channel = f"acme/tests/outbox-kill-{time.monotonic_ns()}"
     ca, chan_a, cb, _ = pair(stack, channel, ids("a"), ids("b"))
     cb.close()
     args = [stack.relay_url, str(stack.agent_dir(ids("b"))), ids("b"), stack.api_key]
-    args += [stack.api_url, channel, "20", "20"]
+    args += [stack.api_url, channel, str(kept), "20"]
     sender = subprocess.Popen([sys.executable, "-c", SENDER, *args], stdout=subprocess.PIPE)
     with ca:
         try:
@@ -78,17 +91,22 @@ def test_sender_killed_with_a_full_outbox_delivers_each_message_once_in_order(
         finally:
             sender.kill()
             sender.wait(10)
-        assert queued(stack.agent_dir(ids("b"))) == 40
-        assert take(chan_a, 20) == [f"m{i}".encode() for i in range(20)]
+        assert queued(stack.agent_dir(ids("b"))) == kept + 20
+        if plaintext_only:
+            with contextlib.closing(
+                sqlite3.connect(stack.agent_dir(ids("b")) / "mls.sqlite3")
+            ) as db:
+                db.execute("ALTER TABLE svc_outbox DROP COLUMN ciphertext")
+        assert take(chan_a, kept) == [f"m{i}".encode() for i in range(kept)]
         if new_epoch:
             chan_a.update_keys()  # a new epoch before bob comes back
         with client(stack, ids("b")) as again:
             chan_b = again.channel(channel)
-            assert chan_b.unsent <= 40  # the restarted outbox may be under way already
+            assert chan_b.unsent <= kept + 20  # the restarted outbox may be under way already
             chan_b.send(b"after the restart")
             chan_b.wait_stored(30)
             assert chan_b.unsent == 0
-            expected = [f"m{i}".encode() for i in range(20, 40)] + [b"after the restart"]
+            expected = [f"m{i}".encode() for i in range(kept, kept + 20)] + [b"after the restart"]
             assert take(chan_a, 21) == expected
             assert chan_a.next_message(0.5) is None, "nothing twice"
 
