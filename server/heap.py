@@ -4,7 +4,7 @@ By the time a relay or an account API serves, its imports and set-up (SQLAlchemy
 mappers, pydantic's validators, protobuf's descriptors, FastAPI's routes) have left about
 a hundred thousand container objects that live as long as the process. CPython's cyclic
 garbage collector walks every one of them in each full collection, with the event loop
-stopped: tens of milliseconds in a relay process (docs/performance.md, "Relay capacity"), a pause
+stopped: 50 to 120 ms in a relay process (docs/performance.md, "Relay capacity"), a pause
 every stream on the relay waits out. Full collections come when many objects outlive
 their first collections — a burst of new streams, say — so they hit a busy relay.
 
