@@ -24,8 +24,9 @@ def settle() -> int:
     collector's reach (``gc.freeze``); returns how many objects are frozen.
 
     Called by each server process (``svc up``, ``svc relay``, ``svc api`` and ``svc up``'s
-    API process) once it has started and before it says it is ready. Not for library
-    code: freezing is a decision of whoever owns the process.
+    API process) before it says it is ready: once started, or for ``svc api`` once its
+    app is built. Not for library code: freezing is a decision of whoever owns the
+    process.
     """
     gc.collect()
     gc.freeze()

@@ -1123,15 +1123,16 @@ fn sends_are_copied_back_from_the_wal_by_the_checkpoint_thread() {
     let db = dir_b.path().join("mls.sqlite3");
     let before = std::fs::metadata(&db).unwrap().len();
     let payload = vec![b'm'; 16 * 1024];
-    for batch in 0..80u64 {
+    for batch in 0..100u64 {
         let ids: Vec<Vec<u8>> = (0..10).map(|i| format!("id-{batch}-{i}").into_bytes()).collect();
         let queued: Vec<(u64, &[u8], &[u8])> = (0..10)
             .map(|i| (batch * 10 + i as u64 + 1, ids[i].as_slice(), payload.as_slice()))
             .collect();
         gb.encrypt_queued(&queued).unwrap();
     }
-    // 800 rows of plaintext and ciphertext: 25 MiB, past the checkpoint's 8,000 pages.
-    let copied = before + 800 * 2 * 16 * 1024;
+    // 1,000 rows of plaintext and ciphertext, 32 MiB: the store counts 100 writes of
+    // 84 pages (`pages_for`), past the checkpoint's 8,000.
+    let copied = before + 1000 * 2 * 16 * 1024;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::fs::metadata(&db).unwrap().len() < copied && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
@@ -1140,5 +1141,5 @@ fn sends_are_copied_back_from_the_wal_by_the_checkpoint_thread() {
         std::fs::metadata(&db).unwrap().len() >= copied,
         "the outbox rows reached mls.sqlite3"
     );
-    assert_eq!(gb.outbox().unwrap().len(), 800);
+    assert_eq!(gb.outbox().unwrap().len(), 1000);
 }

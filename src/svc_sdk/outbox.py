@@ -108,7 +108,8 @@ class Outbox:
         self._bytes = sum(e.size for e in self._entries)
         self._marked = 0  # ciphertext bytes queued since the outbox opened
         for entry in self._entries:
-            self._marked += len(entry.ciphertext)
+            # A row stored without its ciphertext (see Unencrypted) counts its payload.
+            self._marked += len(entry.ciphertext) or entry.size
             entry.mark = self._marked
         self._next_pos = rows[-1][0] + 1 if rows else 1
         self._done_through = self._next_pos - 1  # every pos up to here stored or failed

@@ -302,7 +302,9 @@ def test_svc_relay_stops_cleanly_on_a_sigterm_sent_as_it_says_it_serves(tmp_path
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert line.startswith("svc relay on "), line + (proc.stderr.read() if proc.stderr else "")
+        if not line.startswith("svc relay on "):
+            proc.kill()
+            raise AssertionError(f"svc relay did not start: {line}{proc.communicate()[1]}")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
     finally:
