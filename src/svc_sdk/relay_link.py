@@ -41,6 +41,9 @@ log = logging.getLogger("svc_sdk.relay")
 T = TypeVar("T")
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
+# Reconnect jitter needs no cryptographic randomness, and a library must not draw from the
+# global ``random``: that would move the state of an application that seeded it.
+_jitter = random.Random()  # noqa: S311
 # How long a relay may take to accept a stream once its TCP (and TLS) connection is up: a
 # listener that takes the connection and then says nothing is passed over for the next
 # address, not waited on until keepalive gives up (40 s).
@@ -103,6 +106,7 @@ def io_loop() -> asyncio.AbstractEventLoop:
 def _after_fork() -> None:  # the thread does not survive a fork; the child starts anew
     global _io
     _io = None
+    _jitter.seed()  # as ``random`` does for its own: forked agents must not back off in step
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -482,8 +486,8 @@ class RelayLink:
                 attempt,
                 delay,
             )
-            # Jitter spreads reconnecting clients out; it needs no cryptographic randomness.
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311
+            # Jitter spreads reconnecting clients out.
+            await asyncio.sleep(delay * _jitter.uniform(0.5, 1.0))
 
     def _stopping(self) -> bool:  # a method: close() flips the flag from another thread
         return self._closing
