@@ -3,12 +3,12 @@
 ``Channel.send`` has the engine encrypt the message and store its outbox row in the
 transaction that saves the ratchet state (``Group.encrypt_queued``, ``mls.sqlite3``),
 then returns; when nothing is in flight it also queues the frame itself. A pump thread
-per channel sends the rest in order: what was sent while a frame was on its way leaves
-in one frame when its Reply comes (Nagle's rule), and full frames pipeline, several in
-flight; each Reply retires its messages (their rows are deleted in batches). Every
-message carries a 16-byte id, stored with its row, and the relay stores an id at most
-once per sender and channel, so resending after a lost connection, a failover or a
-restart never duplicates.
+per channel (while it has work: it ends after PUMP_IDLE_SECONDS without) sends the rest
+in order: what was sent while a frame was on its way leaves in one frame when its Reply
+comes (Nagle's rule), and full frames pipeline, several in flight; each Reply retires
+its messages (their rows are deleted in batches). Every message carries a 16-byte id,
+stored with its row, and the relay stores an id at most once per sender and channel, so
+resending after a lost connection, a failover or a restart never duplicates.
 
 Ordering: frames go out pinned to one connection (``RelayLink.send_soon(pin=...)``); when
 any frame fails, nothing more is sent until every frame in flight has settled, and then
@@ -70,6 +70,9 @@ MAX_FRAME_BYTES = 960 * 1024
 RETRY_SECONDS = 0.05
 RETIRE_EVERY = 256
 RETIRE_IDLE_SECONDS = 0.005
+# A pump with nothing to do for this long ends its thread; the next send starts another.
+# An agent in many channels then holds threads only for the ones it is sending on.
+PUMP_IDLE_SECONDS = 2.0
 # A message id is 8 random bytes drawn when the outbox opens, then the message's position:
 # unique per sender without a system call per message, which costs a GIL hand-off. Only
 # the sender itself can publish under its identity, so ids need not be unpredictable.
@@ -319,6 +322,11 @@ class Outbox:
                         if idle:
                             break
                         continue
+                    if self._quiet():
+                        if not self._cond.wait(PUMP_IDLE_SECONDS) and self._quiet():
+                            self._thread = None  # under _cond: add() starts a new one
+                            return
+                        continue
                     self._cond.wait(0.5)
                 if self._stopped:
                     return
@@ -338,6 +346,15 @@ class Outbox:
                 self._recover(halted)
                 continue
             self._send_more(link)
+
+    def _quiet(self) -> bool:
+        """Nothing queued, in flight, to resend or to delete. Caller holds _cond."""
+        return (
+            not self._entries
+            and not self._inflight
+            and self._halted is None
+            and self._done_through <= self._retired
+        )
 
     def _work(self) -> bool:
         """Caller holds _cond."""

@@ -292,3 +292,38 @@ def test_a_waiting_sender_is_woken_when_its_messages_are_stored(
         chan.send(b"last")
         chan.wait_stored(30)
         assert chan.unsent == 0
+
+
+def test_a_pump_with_nothing_to_send_ends_its_thread(
+    stack: LocalStack, ids: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent in many channels holds pump threads only for those it is sending on: an
+    idle pump ends, and the next send starts one and is delivered as before."""
+    monkeypatch.setattr(outbox, "PUMP_IDLE_SECONDS", 0.2)
+
+    def pumps() -> int:
+        return sum(t.name.startswith("svc-outbox-") for t in threading.enumerate())
+
+    def until(what: str, done: Any) -> None:
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    with client(stack, ids("a")) as ca, client(stack, ids("b")) as cb:
+        names = [f"acme/tests/idle-pump-{time.monotonic_ns()}-{i}" for i in range(4)]
+        pairs = []
+        for name in names:
+            chan_a = ca.create_channel(name)
+            pairs.append(
+                (chan_a, cb.join_channel(name, chan_a.add_member(cb.generate_key_package())))
+            )
+        before = pumps()
+        for round_ in range(2):
+            for chan_a, _ in pairs:
+                chan_a.send(f"r{round_}".encode())
+            for chan_a, chan_b in pairs:
+                chan_a.wait_stored(10)
+                assert take(chan_b, 1) == [f"r{round_}".encode()]
+            until("idle pumps ended", lambda: pumps() <= before)
+        assert all(chan_a.unsent == 0 for chan_a, _ in pairs)
