@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from svc_sdk.mls import Engine
+from svc_sdk.relay_link import RelayLink
 from svc_sdk.testing import LocalIssuer, LocalStack
 
 from .support import PostgresServer, RedisCluster, RedisServer, optional_server
@@ -79,3 +81,36 @@ def ids() -> Callable[[str], str]:
     """Unique agent identities for this test: ids("alice") -> "alice-<n>"."""
     n = next(_names)
     return lambda name: f"{name}-{n}"
+
+
+# Every relay link a test opened, and which test: one left open outlives its stack and
+# keeps reconnecting to nothing for the rest of the session, on the io thread every other
+# test shares. The session fails if any is still open when every fixture has closed.
+_opened_by: weakref.WeakKeyDictionary[RelayLink, str] = weakref.WeakKeyDictionary()
+_running = ["collection"]
+_start = RelayLink.start
+
+
+def _recorded_start(self: RelayLink, timeout: float) -> None:
+    _opened_by[self] = _running[0]
+    _start(self, timeout)
+
+
+RelayLink.start = _recorded_start  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    _running[0] = item.nodeid
+    return (yield)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    left = sorted({test for link, test in list(_opened_by.items()) if not link._closing})
+    if left:
+        session.config.get_terminal_writer().line(
+            "\nrelay links left open (their clients were never closed), opened by: "
+            + ", ".join(left),
+            red=True,
+        )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

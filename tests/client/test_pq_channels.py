@@ -25,76 +25,75 @@ def test_a_pq_channel_joins_talks_and_removes(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
     alice, bob, carol = (client(stack, ids(n)) for n in ("alice", "bob", "carol"))
-    chan_a = alice.create_channel(channel_name, cipher_suite=PQ_CIPHER_SUITE)
-    assert chan_a.cipher_suite == PQ_CIPHER_SUITE
+    with alice, bob, carol:
+        chan_a = alice.create_channel(channel_name, cipher_suite=PQ_CIPHER_SUITE)
+        assert chan_a.cipher_suite == PQ_CIPHER_SUITE
 
-    # By key package: bob makes one for the channel's suite, and the Welcome is of it.
-    key_package = bob.generate_key_package(cipher_suite=PQ_CIPHER_SUITE)
-    assert inspect(key_package).cipher_suite == PQ_CIPHER_SUITE
-    welcome = chan_a.add_member(key_package)
-    info = inspect(welcome)
-    assert (info.wire_format, info.cipher_suite) == ("welcome", PQ_CIPHER_SUITE)
-    chan_b = bob.join_channel(channel_name, welcome)
-    assert chan_b.cipher_suite == PQ_CIPHER_SUITE
+        # By key package: bob makes one for the channel's suite, and the Welcome is of it.
+        key_package = bob.generate_key_package(cipher_suite=PQ_CIPHER_SUITE)
+        assert inspect(key_package).cipher_suite == PQ_CIPHER_SUITE
+        welcome = chan_a.add_member(key_package)
+        info = inspect(welcome)
+        assert (info.wire_format, info.cipher_suite) == ("welcome", PQ_CIPHER_SUITE)
+        chan_b = bob.join_channel(channel_name, welcome)
+        assert chan_b.cipher_suite == PQ_CIPHER_SUITE
 
-    # By invite: carol's first key package is of her own suite (1); the relay refuses it
-    # and names the channel's, and she redeems the same invite again with a PQ one.
-    token = alice.invite(channel_name)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        joining = pool.submit(carol.join_with_token, channel_name, token, 30)
-        while not joining.done():  # alice's reads admit carol
-            assert chan_a.next_message(0.2) is None
-        chan_c = joining.result()
-    assert chan_c.cipher_suite == PQ_CIPHER_SUITE
+        # By invite: carol's first key package is of her own suite (1); the relay refuses it
+        # and names the channel's, and she redeems the same invite again with a PQ one.
+        token = alice.invite(channel_name)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            joining = pool.submit(carol.join_with_token, channel_name, token, 30)
+            while not joining.done():  # alice's reads admit carol
+                assert chan_a.next_message(0.2) is None
+            chan_c = joining.result()
+        assert chan_c.cipher_suite == PQ_CIPHER_SUITE
 
-    chan_a.send(b"from alice")
-    assert take(chan_b, 1) == [b"from alice"]
-    assert take(chan_c, 1) == [b"from alice"]
-    chan_b.send(b"from bob")
-    chan_c.send(b"from carol")
-    assert sorted(take(chan_a, 2)) == [b"from bob", b"from carol"]
+        chan_a.send(b"from alice")
+        assert take(chan_b, 1) == [b"from alice"]
+        assert take(chan_c, 1) == [b"from alice"]
+        chan_b.send(b"from bob")
+        chan_c.send(b"from carol")
+        assert sorted(take(chan_a, 2)) == [b"from bob", b"from carol"]
 
-    chan_a.remove_member(bob.agent_id)
-    assert {str(m) for m in chan_a.members()} == {str(alice.agent_id), str(carol.agent_id)}
-    chan_a.send(b"after bob")
-    assert take(chan_c, 2) == [b"from bob", b"after bob"]
-    # bob learns of his removal: his messages end, without what was sent after it.
-    assert b"after bob" not in list(chan_b.messages(timeout=10))
-    assert chan_b.closed
-    for c in (alice, bob, carol):
-        c.close()
+        chan_a.remove_member(bob.agent_id)
+        assert {str(m) for m in chan_a.members()} == {str(alice.agent_id), str(carol.agent_id)}
+        chan_a.send(b"after bob")
+        assert take(chan_c, 2) == [b"from bob", b"after bob"]
+        # bob learns of his removal: his messages end, without what was sent after it.
+        assert b"after bob" not in list(chan_b.messages(timeout=10))
+        assert chan_b.closed
 
 
 def test_suite_one_channels_are_as_before(stack: LocalStack, channel_name: str, ids: Any) -> None:
     alice, bob = client(stack, ids("alice")), client(stack, ids("bob"))
-    chan_a = alice.create_channel(channel_name)
-    assert chan_a.cipher_suite == 1
-    key_package = bob.generate_key_package()
-    assert inspect(key_package).cipher_suite == 1
-    welcome = chan_a.add_member(key_package)
-    assert inspect(welcome).cipher_suite == 1
-    chan_b = bob.join_channel(channel_name, welcome)
-    chan_b.send(b"classic")
-    assert take(chan_a, 1) == [b"classic"]
-    # A key package for the post-quantum suite does not fit a suite-1 channel.
-    with pytest.raises(MlsError, match="cipher suite 65100, the group uses 1"):
-        chan_a.add_member(client(stack, ids("carol")).generate_key_package(cipher_suite=65100))
-    for c in (alice, bob):
-        c.close()
+    with alice, bob:
+        chan_a = alice.create_channel(channel_name)
+        assert chan_a.cipher_suite == 1
+        key_package = bob.generate_key_package()
+        assert inspect(key_package).cipher_suite == 1
+        welcome = chan_a.add_member(key_package)
+        assert inspect(welcome).cipher_suite == 1
+        chan_b = bob.join_channel(channel_name, welcome)
+        chan_b.send(b"classic")
+        assert take(chan_a, 1) == [b"classic"]
+        # A key package for the post-quantum suite does not fit a suite-1 channel.
+        with client(stack, ids("carol")) as carol:
+            key_package = carol.generate_key_package(cipher_suite=65100)
+        with pytest.raises(MlsError, match="cipher suite 65100, the group uses 1"):
+            chan_a.add_member(key_package)
 
 
 def test_a_suite_one_key_package_gets_a_clear_mls_error(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
     alice, bob = client(stack, ids("alice")), client(stack, ids("bob"))
-    chan = alice.create_channel(channel_name, cipher_suite=PQ_CIPHER_SUITE)
-    with pytest.raises(
-        MlsError, match=r"^MLS engine error: .*cipher suite 1, the group uses 65100"
-    ):
-        chan.add_member(bob.generate_key_package())
-    assert chan.members() == [alice.agent_id]
-    for c in (alice, bob):
-        c.close()
+    with alice, bob:
+        chan = alice.create_channel(channel_name, cipher_suite=PQ_CIPHER_SUITE)
+        with pytest.raises(
+            MlsError, match=r"^MLS engine error: .*cipher suite 1, the group uses 65100"
+        ):
+            chan.add_member(bob.generate_key_package())
+        assert chan.members() == [alice.agent_id]
 
 
 def _p256_client(stack: LocalStack, name: str) -> SvcClient:
@@ -107,19 +106,18 @@ def test_an_agent_that_cannot_use_the_pq_suite_gets_a_clear_mls_error(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
     alice, pam = client(stack, ids("alice")), _p256_client(stack, ids("pam"))
-    assert pam.engine.channel_cipher_suites == [2]
-    alice.create_channel(channel_name, cipher_suite=PQ_CIPHER_SUITE)
-    with pytest.raises(MlsError, match="^MLS engine error: cipher suite 65100 is not one"):
-        pam.generate_key_package(cipher_suite=PQ_CIPHER_SUITE)
-    with pytest.raises(MlsError, match="^MLS engine error: cipher suite 65100 is not one"):
-        pam.create_channel(channel_name + "x", cipher_suite=PQ_CIPHER_SUITE)
-    # By invite: the relay names the channel's suite, which pam cannot make a key package
-    # for; the invite's use is not lost to a failed admission on the member's side.
-    with pytest.raises(MlsError, match=r"uses cipher suite 65100, which this agent cannot use"):
-        pam.join_with_token(channel_name, alice.invite(channel_name), timeout=10)
-    assert pam.channels() == []
-    for c in (alice, pam):
-        c.close()
+    with alice, pam:
+        assert pam.engine.channel_cipher_suites == [2]
+        alice.create_channel(channel_name, cipher_suite=PQ_CIPHER_SUITE)
+        with pytest.raises(MlsError, match="^MLS engine error: cipher suite 65100 is not one"):
+            pam.generate_key_package(cipher_suite=PQ_CIPHER_SUITE)
+        with pytest.raises(MlsError, match="^MLS engine error: cipher suite 65100 is not one"):
+            pam.create_channel(channel_name + "x", cipher_suite=PQ_CIPHER_SUITE)
+        # By invite: the relay names the channel's suite, which pam cannot make a key package
+        # for; the invite's use is not lost to a failed admission on the member's side.
+        with pytest.raises(MlsError, match=r"uses cipher suite 65100, which this agent cannot use"):
+            pam.join_with_token(channel_name, alice.invite(channel_name), timeout=10)
+        assert pam.channels() == []
 
 
 @pytest.mark.parametrize(
@@ -143,13 +141,12 @@ def test_an_agent_that_cannot_use_the_pq_suite_gets_a_clear_mls_error(
 def test_bad_suite_values_are_refused_clearly(
     stack: LocalStack, channel_name: str, ids: Any, value: object, error: type, match: str
 ) -> None:
-    alice = client(stack, ids("alice"))
-    with pytest.raises(error, match=match):
-        alice.create_channel(channel_name, cipher_suite=value)  # type: ignore[arg-type]
-    with pytest.raises(error, match=match):
-        alice.generate_key_package(cipher_suite=value)  # type: ignore[arg-type]
-    assert alice.channels() == []
-    alice.close()
+    with client(stack, ids("alice")) as alice:
+        with pytest.raises(error, match=match):
+            alice.create_channel(channel_name, cipher_suite=value)  # type: ignore[arg-type]
+        with pytest.raises(error, match=match):
+            alice.generate_key_package(cipher_suite=value)  # type: ignore[arg-type]
+        assert alice.channels() == []
 
 
 def test_the_engine_refuses_bad_suites_and_the_tracker_follows_pq_commits(
