@@ -4,6 +4,8 @@ well-behaved API is everywhere else in the suite (every SvcClient exchanges its 
 
 from __future__ import annotations
 
+import http.server
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -121,3 +123,43 @@ def test_bad_arguments_are_refused_before_anything_is_sent() -> None:
         HttpClient("http://127.0.0.1:1", timeout=-1.0)
     with pytest.raises(ValueError, match="expected http:// or https://"):
         HttpClient("grpc://127.0.0.1:1")
+
+
+def test_a_client_used_before_a_fork_works_in_the_child() -> None:
+    """A forked child inherits the pool's kept-alive connection, whose driving task ran on
+    the parent's runtime: a request on it waited out the whole timeout. The child gets a
+    pool of its own."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive: the parent's connection stays pooled
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("content-length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as httpd:
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        api = HttpClient(f"http://127.0.0.1:{httpd.server_address[1]}", timeout=5.0)
+        assert api.request("GET", "/", []) == (200, b"ok")
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                os.write(write, repr(api.request("GET", "/", [])).encode())
+            except BaseException as exc:
+                os.write(write, f"{type(exc).__name__}: {exc}".encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            report = pipe.read().decode()
+        os.waitpid(child, 0)
+        assert report == "(200, b'ok')"  # not "TransportError: no answer within 5s"
+        assert api.request("GET", "/", []) == (200, b"ok")  # the parent's pool is intact
+        api.close()
+        httpd.shutdown()

@@ -59,7 +59,9 @@ type Pool = Client<Connector, Full<Bytes>>;
 pub struct HttpClient {
     origin: String,
     timeout: Duration,
-    pool: Mutex<Option<Pool>>,
+    connector: Connector,
+    /// The pool, and the process it was made in.
+    pool: Mutex<Option<(u32, Pool)>>,
 }
 
 impl HttpClient {
@@ -91,15 +93,29 @@ impl HttpClient {
             port,
             tls,
         };
-        let pool = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE)
-            .build(Connector(dial));
+        let connector = Connector(dial);
         Ok(Self {
             origin,
             timeout,
-            pool: Mutex::new(Some(pool)),
+            pool: Mutex::new(Some((std::process::id(), new_pool(&connector)))),
+            connector,
         })
+    }
+
+    /// The pool for this process. A forked child gets a new one: the connections it
+    /// inherited are driven by tasks of the parent's runtime, which does not run there,
+    /// so a request on one would wait out its timeout.
+    fn pool(&self) -> Result<Pool, HttpError> {
+        let mut slot = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let (owner, pool) = slot.as_mut().ok_or(HttpError::Closed)?;
+        let pid = std::process::id();
+        if *owner != pid {
+            // Not dropped: that would wake tasks of a runtime whose threads, and any lock
+            // they held at the fork, are the parent's.
+            std::mem::forget(std::mem::replace(pool, new_pool(&self.connector)));
+            *owner = pid;
+        }
+        Ok(pool.clone())
     }
 
     /// Sends one request to `path` (with its query) under the origin and waits, at most
@@ -112,8 +128,7 @@ impl HttpClient {
         headers: &[(String, String)],
         body: Vec<u8>,
     ) -> Result<HttpResponse, HttpError> {
-        let pool = self.pool.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let pool = pool.ok_or(HttpError::Closed)?;
+        let pool = self.pool()?;
         let request = self.build(method, path, headers, body)?;
         let timeout = self.timeout;
         runtime().block_on(async move {
@@ -170,9 +185,22 @@ impl HttpClient {
 
     /// Closes the pooled connections; later requests fail with `Closed`.
     pub fn close(&self) {
-        let pool = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take();
-        drop(pool);
+        let taken = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((owner, pool)) = taken {
+            if owner == std::process::id() {
+                drop(pool);
+            } else {
+                std::mem::forget(pool); // a forked child's inheritance (see `pool`)
+            }
+        }
     }
+}
+
+fn new_pool(connector: &Connector) -> Pool {
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(POOL_IDLE)
+        .build(connector.clone())
 }
 
 /// An error and its causes, outermost first: hyper's own message ("client error
