@@ -228,9 +228,10 @@ class Outbox:
                 self._marked += len(ct)
                 self._entries.append(Entry(pos, mid, epoch, len(payload), ct, self._marked))
             self._bytes += sum(len(p) for p in payloads)
-            if self._thread is not None and not self._stopped and link.connected:
+            if not self._stopped and link.connected:
                 # The fast path: sent from here, without waking the pump (a GIL hand-off
-                # per send). What it leaves waits for a Reply, which wakes the pump.
+                # per send). What it leaves waits for a Reply, which wakes the pump (started
+                # below if it had ended).
                 self._send_locked(link)
             else:
                 self._notify()
@@ -292,10 +293,16 @@ class Outbox:
         with self._cond:
             if self._thread is not None or self._stopped:
                 return
-            self._thread = threading.Thread(
+            thread = self._thread = threading.Thread(
                 target=self._run, name=f"svc-outbox-{self._channel.name}", daemon=True
             )
-        self._thread.start()
+        try:
+            thread.start()
+        except BaseException:  # no thread (shutdown, a thread limit): the next send tries
+            with self._cond:
+                if self._thread is thread:
+                    self._thread = None
+            raise
 
     def _settled(self, future: concurrent.futures.Future[pb.Reply]) -> None:
         with self._cond:
@@ -306,6 +313,10 @@ class Outbox:
             self._pump()
         except Exception:  # a bug must not lose the outbox silently: it stays on disk
             log.exception("channel %s: the outbox pump failed", self._channel.name)
+        finally:
+            with self._cond:  # a pump that ended for any reason: the next send starts one
+                if self._thread is threading.current_thread():
+                    self._thread = None
 
     def _pump(self) -> None:
         link = self._channel._client.link
