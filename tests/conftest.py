@@ -85,7 +85,8 @@ def ids() -> Callable[[str], str]:
 
 # Every relay link a test opened, and which test: one left open outlives its stack and
 # keeps reconnecting to nothing for the rest of the session, on the io thread every other
-# test shares. The session fails if any is still open when every fixture has closed.
+# test shares. A session that passed fails if any is still open once every fixture has
+# closed.
 _opened_by: weakref.WeakKeyDictionary[RelayLink, str] = weakref.WeakKeyDictionary()
 _running = ["collection"]
 _start = RelayLink.start
@@ -105,12 +106,14 @@ def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     return (yield)
 
 
+@pytest.hookimpl(trylast=True)  # after the runner's, which tears down what -x left set up
 def pytest_sessionfinish(session: pytest.Session) -> None:
     left = sorted({test for link, test in list(_opened_by.items()) if not link._closing})
-    if left:
-        session.config.get_terminal_writer().line(
-            "\nrelay links left open (their clients were never closed), opened by: "
-            + ", ".join(left),
-            red=True,
-        )
+    if not left:
+        return
+    session.config.get_terminal_writer().line(
+        "\nrelay links left open (their clients were never closed), opened by: " + ", ".join(left),
+        red=True,
+    )
+    if session.exitstatus == pytest.ExitCode.OK:  # an interrupted run keeps its status
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
