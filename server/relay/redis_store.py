@@ -71,6 +71,7 @@ log = logging.getLogger("svc_server.relay")
 # Which node carries the Pub/Sub connection: spread, not secret; a private generator leaves
 # the global `random` of the process alone.
 _spread = random.Random()  # noqa: S311
+os.register_at_fork(after_in_child=_spread.seed)  # as `random` does for its own
 
 WELCOME_STREAM = "svc:welcomes"
 # How long the follower's XREAD blocks, and the follower connection's socket timeout,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.server
 import os
+import select
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -157,6 +159,11 @@ def test_a_client_used_before_a_fork_works_in_the_child() -> None:
                 os._exit(0)
         os.close(write)
         with os.fdopen(read, "rb") as pipe:
+            # The child answers within its 5 s timeout either way; a hung child fails
+            # this test instead of running into the session's 300 s limit.
+            ready, _, _ = select.select([pipe], [], [], 30)
+            if not ready:
+                os.kill(child, signal.SIGKILL)
             report = pipe.read().decode()
         os.waitpid(child, 0)
         assert report == "(200, b'ok')"  # not "TransportError: no answer within 5s"

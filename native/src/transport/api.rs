@@ -203,6 +203,12 @@ fn new_pool(connector: &Connector) -> Pool {
         .build(connector.clone())
 }
 
+impl Drop for HttpClient {
+    fn drop(&mut self) {
+        self.close(); // forgets, not drops, a pool a forked child inherited
+    }
+}
+
 /// An error and its causes, outermost first: hyper's own message ("client error
 /// (Connect)") says little without the io error under it.
 fn chain(error: &(dyn std::error::Error + 'static)) -> String {
