@@ -67,9 +67,17 @@ impl StateKey {
 
 /// Applies `key` to a freshly opened connection: it must be the first statement, before
 /// SQLCipher reads a page.
+///
+/// Keying starts SQLCipher's own log, which writes a timestamped line to the process's
+/// stderr for every page that fails to decrypt (a wrong key): the level goes back to NONE
+/// at once, for the process (the setting is the bundled library's, so this extension's
+/// alone). The caller's error says what happened.
 pub fn apply(conn: &Connection, key: Option<&StateKey>) -> rusqlite::Result<()> {
     if let Some(key) = key {
-        let sql = Zeroizing::new(format!("PRAGMA key = {};", key.literal().as_str()));
+        let sql = Zeroizing::new(format!(
+            "PRAGMA key = {}; PRAGMA cipher_log_level = NONE;",
+            key.literal().as_str()
+        ));
         conn.execute_batch(&sql)?;
     }
     Ok(())

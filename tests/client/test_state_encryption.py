@@ -145,7 +145,9 @@ def test_encrypted_data_dir_without_key_is_refused_and_unchanged(
     assert _snapshot(data_dir) == before
 
 
-def test_wrong_key_is_refused_and_unchanged(encrypted_dir: tuple[Path, bytes]) -> None:
+def test_wrong_key_is_refused_and_unchanged(
+    encrypted_dir: tuple[Path, bytes], capfd: pytest.CaptureFixture[str]
+) -> None:
     data_dir, _ = encrypted_dir
     before = _snapshot(data_dir)
     with pytest.raises(InternalError, match="with this state key: the key is wrong") as err:
@@ -155,6 +157,9 @@ def test_wrong_key_is_refused_and_unchanged(encrypted_dir: tuple[Path, bytes]) -
     with pytest.raises(InternalError, match="the key is wrong"):
         LocalState(data_dir, OTHER)
     assert _snapshot(data_dir) == before
+    # The error says it; SQLCipher's own log ("ERROR CORE sqlcipher_page_cipher: hmac
+    # check failed ...") stays off the application's stderr.
+    assert capfd.readouterr().err == ""
     assert _open(data_dir, KEY)[0] == [GROUP]
 
 
