@@ -119,6 +119,7 @@ class Outbox:
         self._sent = 0  # entries at the head of _entries in flight
         # (number of entries, future) per frame in flight, oldest first.
         self._inflight: deque[tuple[int, concurrent.futures.Future[pb.Reply]]] = deque()
+        self._pinned = 0  # the connection (RelayLink.generation) the frames in flight are on
         # A frame failed: resend from the head (encrypting first rows stored without
         # their ciphertext, see Unencrypted).
         self._halted: BaseException | None = (
@@ -236,7 +237,14 @@ class Outbox:
             else:
                 self._notify()
         if self._thread is None:
-            self._start()
+            try:
+                self._start()
+            except RuntimeError as exc:
+                # No thread (a thread limit, interpreter shutdown): the message is stored
+                # and the next send tries again; raising would have the caller send twice.
+                log.warning(
+                    "channel %s: the outbox pump did not start: %s", self._channel.name, exc
+                )
         return first + len(payloads) - 1
 
     def last_pos(self) -> int:
@@ -446,6 +454,11 @@ class Outbox:
         frames: list[list[Entry]] = []
         if self._halted is not None or not self._entries:
             return
+        if self._inflight and self._pinned != generation:
+            # Frames of a connection that is gone: they fail, and everything from the
+            # first of them goes again in order once they have all settled. A frame sent
+            # on the new connection meanwhile would be stored ahead of them.
+            return
         index = self._sent
         room = WINDOW - len(self._inflight)
         while index < len(self._entries) and len(frames) < room:
@@ -471,6 +484,7 @@ class Outbox:
                 self._stopped = True
                 return
             self._inflight.append((len(frame), future))
+            self._pinned = generation
             self._sent += len(frame)
             future.add_done_callback(self._settled)
 

@@ -202,6 +202,55 @@ def test_messages_sent_while_a_frame_is_in_flight_leave_together(
         assert take(chan_b, len(expected)) == expected
 
 
+def test_no_frame_leaves_on_a_new_connection_while_one_of_the_old_is_in_flight(
+    stack: LocalStack, channel_name: str, ids: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frames are pinned to a connection. When it goes, those in flight fail and the pump
+    resends from the first of them, in order; a full frame sent on the next connection
+    before those failures are collected would be stored ahead of them. The first frame's
+    Reply is held back, and the link's connection number moves on as a reconnect does."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        chan_a.send(b"warm")
+        chan_a.wait_stored(10)
+        frames: list[tuple[int, int | None]] = []
+        release = threading.Event()
+        send_soon = ca.link.send_soon
+
+        def held(request: Any, *, timeout: float, pin: int | None = None) -> Any:
+            future = send_soon(request, timeout=timeout, pin=pin)
+            if not isinstance(request, pb.Publish):
+                return future
+            frames.append((len(request.message), pin))
+            if len(frames) > 1:
+                return future
+            proxy: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
+
+            def forward() -> None:
+                release.wait(30)
+                try:
+                    proxy.set_result(future.result(30))
+                except BaseException as exc:
+                    proxy.set_exception(exc)
+
+            threading.Thread(target=forward, daemon=True).start()
+            return proxy
+
+        monkeypatch.setattr(ca.link, "send_soon", held)
+        chan_a.send(b"first")
+        old = ca.link.generation
+        ca.link.generation += 1  # what a reconnect does; the test's connection stays up
+        for i in range(1100):
+            chan_a.send(b"m%d" % i)
+        assert frames == [(1, old)], "nothing left on the new connection"
+        release.set()
+        chan_a.wait_stored(30)
+        assert [pin for _, pin in frames[1:]] == [old + 1] * (len(frames) - 1)
+        assert sum(n for n, _ in frames) == 1101
+        expected = [b"warm", b"first"] + [b"m%d" % i for i in range(1100)]
+        assert take(chan_b, len(expected)) == expected
+
+
 def test_send_blocks_while_the_outbox_is_full(ids: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(outbox, "OUTBOX_MESSAGES", 5)
     with LocalStack() as stack:
@@ -356,4 +405,4 @@ def test_a_pump_that_failed_is_started_again_by_the_next_send(
         chan_a.send(b"second")
         chan_a.wait_stored(10)
         assert take(chan_b, 2) == [b"first", b"second"]
-        assert failures
+        assert failures == [chan_a._outbox]  # not a pump of some earlier test's
