@@ -343,8 +343,10 @@ pub fn convert(data_dir: &Path, from: Option<&StateKey>, to: Option<&StateKey>) 
         let conn = Connection::open(path)?;
         apply(&conn, from)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        // The ATTACH may key the process's first SQLCipher codec (a plaintext data dir
+        // being encrypted), which turns SQLCipher's log on: off again, as in `apply`.
         let attach = Zeroizing::new(format!(
-            "ATTACH DATABASE '{}' AS convert_to KEY {};",
+            "ATTACH DATABASE '{}' AS convert_to KEY {}; PRAGMA cipher_log_level = NONE;",
             new.display().to_string().replace('\'', "''"),
             to_literal.as_str()
         ));

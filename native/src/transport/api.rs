@@ -185,13 +185,17 @@ impl HttpClient {
 
     /// Closes the pooled connections; later requests fail with `Closed`.
     pub fn close(&self) {
-        let taken = self.pool.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((owner, pool)) = taken {
-            if owner == std::process::id() {
-                drop(pool);
-            } else {
-                std::mem::forget(pool); // a forked child's inheritance (see `pool`)
-            }
+        release(self.pool.lock().unwrap_or_else(|e| e.into_inner()).take());
+    }
+}
+
+/// Drops a pool made in this process; forgets one a forked child inherited (see `pool`).
+fn release(slot: Option<(u32, Pool)>) {
+    if let Some((owner, pool)) = slot {
+        if owner == std::process::id() {
+            drop(pool);
+        } else {
+            std::mem::forget(pool);
         }
     }
 }
@@ -205,7 +209,8 @@ fn new_pool(connector: &Connector) -> Pool {
 
 impl Drop for HttpClient {
     fn drop(&mut self) {
-        self.close(); // forgets, not drops, a pool a forked child inherited
+        // No lock: in a forked child, another thread of the parent may have held it.
+        release(self.pool.get_mut().unwrap_or_else(|e| e.into_inner()).take());
     }
 }
 
