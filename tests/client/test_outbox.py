@@ -20,6 +20,7 @@ from svc_sdk import outbox
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import TransportError
 from svc_sdk.relay_client import RelayError
+from svc_sdk.relay_link import RelayLink
 from svc_sdk.testing import LocalStack
 
 from .helpers import client, pair, take
@@ -54,6 +55,38 @@ for i in range(int(kept), int(kept) + int(held)):
 print("sent", flush=True)
 time.sleep(60)
 """
+
+
+def hold_first_publish(
+    link: RelayLink, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[tuple[int, int | None]], threading.Event]:
+    """Wraps ``link.send_soon``: records each Publish frame as (messages, pin), and holds
+    the first one's Reply back from the outbox until the returned event is set."""
+    frames: list[tuple[int, int | None]] = []
+    release = threading.Event()
+    send_soon = link.send_soon
+
+    def held(request: Any, *, timeout: float, pin: int | None = None) -> Any:
+        future = send_soon(request, timeout=timeout, pin=pin)
+        if not isinstance(request, pb.Publish):
+            return future
+        frames.append((len(request.message), pin))
+        if len(frames) > 1:
+            return future
+        proxy: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
+
+        def forward() -> None:
+            release.wait(30)
+            try:
+                proxy.set_result(future.result(30))
+            except BaseException as exc:
+                proxy.set_exception(exc)
+
+        threading.Thread(target=forward, daemon=True).start()
+        return proxy
+
+    monkeypatch.setattr(link, "send_soon", held)
+    return frames, release
 
 
 @pytest.mark.parametrize(
@@ -167,37 +200,15 @@ def test_messages_sent_while_a_frame_is_in_flight_leave_together(
     with ca, cb:
         chan_a.send(b"warm")  # the pump runs: later sends take the fast path
         chan_a.wait_stored(10)
-        frames: list[int] = []
-        release = threading.Event()
-        send_soon = ca.link.send_soon
-
-        def held(request: Any, *, timeout: float, pin: int | None = None) -> Any:
-            future = send_soon(request, timeout=timeout, pin=pin)
-            if not isinstance(request, pb.Publish):
-                return future
-            frames.append(len(request.message))
-            if len(frames) > 1:
-                return future
-            proxy: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
-
-            def forward() -> None:
-                release.wait(30)
-                try:
-                    proxy.set_result(future.result(30))
-                except BaseException as exc:
-                    proxy.set_exception(exc)
-
-            threading.Thread(target=forward, daemon=True).start()
-            return proxy
-
-        monkeypatch.setattr(ca.link, "send_soon", held)
+        frames, release = hold_first_publish(ca.link, monkeypatch)
         chan_a.send(b"first")
         for i in range(2100):
             chan_a.send(b"m%d" % i)
-        assert frames == [1, 1024, 1024], "only full frames left while one was in flight"
+        sizes = [n for n, _ in frames]
+        assert sizes == [1, 1024, 1024], "only full frames left while one was in flight"
         release.set()
         chan_a.wait_stored(30)
-        assert frames == [1, 1024, 1024, 52]
+        assert [n for n, _ in frames] == [1, 1024, 1024, 52]
         expected = [b"warm", b"first"] + [b"m%d" % i for i in range(2100)]
         assert take(chan_b, len(expected)) == expected
 
@@ -213,30 +224,7 @@ def test_no_frame_leaves_on_a_new_connection_while_one_of_the_old_is_in_flight(
     with ca, cb:
         chan_a.send(b"warm")
         chan_a.wait_stored(10)
-        frames: list[tuple[int, int | None]] = []
-        release = threading.Event()
-        send_soon = ca.link.send_soon
-
-        def held(request: Any, *, timeout: float, pin: int | None = None) -> Any:
-            future = send_soon(request, timeout=timeout, pin=pin)
-            if not isinstance(request, pb.Publish):
-                return future
-            frames.append((len(request.message), pin))
-            if len(frames) > 1:
-                return future
-            proxy: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
-
-            def forward() -> None:
-                release.wait(30)
-                try:
-                    proxy.set_result(future.result(30))
-                except BaseException as exc:
-                    proxy.set_exception(exc)
-
-            threading.Thread(target=forward, daemon=True).start()
-            return proxy
-
-        monkeypatch.setattr(ca.link, "send_soon", held)
+        frames, release = hold_first_publish(ca.link, monkeypatch)
         chan_a.send(b"first")
         old = ca.link.generation
         ca.link.generation += 1  # what a reconnect does; the test's connection stays up
