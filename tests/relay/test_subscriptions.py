@@ -12,7 +12,15 @@ import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.relay_client import RelayConnection
-from svc_server.relay.hub import deliveries_frame, encode_item, frame_item, subscription_tail
+from svc_server.relay.hub import (
+    MAX_BATCH,
+    MAX_BATCH_BYTES,
+    Outbox,
+    deliveries_frame,
+    encode_item,
+    frame_item,
+    subscription_tail,
+)
 from svc_server.relay.store import Entry
 from svc_server.stack import Stack, start_stack, stop_stack
 
@@ -126,6 +134,28 @@ def test_a_frame_decodes_to_the_deliveries_it_was_built_from() -> None:
         (e.seq, e.sender, e.handshake, e.epoch, e.message, sub)
         for e, sub in zip(entries, subs, strict=True)
     ]
+
+
+async def test_frames_of_large_messages_stop_at_the_byte_bound() -> None:
+    """A subscriber's frames of 16 KiB messages close at 256 KiB (a reader holds each
+    frame whole, several times over), small ones at MAX_BATCH; all in order, none lost."""
+    outbox = Outbox(limit=4096)
+    sizes = [16 * 1024] * 100 + [100] * 600
+    for seq, size in enumerate(sizes, 1):
+        outbox.offer(encode_item(Entry(CHANNEL, seq, b"s", False, 1, b"m" * size, 0.0)), b"", 0)
+    frames: list[pb.ServerFrame] = []
+    while len(outbox):
+        data, count, _ = await outbox.next_frames()
+        frame = pb.ServerFrame.FromString(data[0])
+        assert len(frame.deliveries.items) == count
+        frames.append(frame)
+    for frame in frames:
+        items = frame.deliveries.items
+        assert len(items) <= MAX_BATCH
+        # Closed by the message that reached the bound, so at most one past it.
+        assert sum(len(d.message) for d in items[:-1]) < MAX_BATCH_BYTES <= 256 * 1024
+    assert len(frames[0].deliveries.items) == 16
+    assert [d.seq for f in frames for d in f.deliveries.items] == list(range(1, 701))
 
 
 async def test_a_catch_up_longer_than_the_buffer_comes_in_pages_that_fit(
