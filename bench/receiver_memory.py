@@ -1,0 +1,150 @@
+"""Where a receiver's peak memory goes while it takes large messages as fast as they come.
+
+    python bench/receiver_memory.py [--runs 3] [--messages 10000] [--size 16384]
+
+A diagnostic beside bench/e2e.py (same stack: a fresh ``svc up`` on free loopback
+ports, sender and receiver each in its own process). The sender calls ``send()`` for
+every message; the receiver iterates ``messages()`` and samples itself every 20 ms: its
+RSS, its unprocessed deliveries (``Channel._raw``, still encrypted), its inbox, and
+glibc's own count of the heap (``mallinfo2``: bytes in use and bytes free but kept). At
+the sample with the highest RSS it reports all of them, so a peak splits into what the
+receiver holds and what the allocator holds for it. It reads private fields of the
+client, so it measures this version of svc only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import tempfile
+import threading
+import time
+from typing import Any
+
+from e2e import _vmhwm_mib, agent_pair  # bench/e2e.py: the same two agents
+
+from svc_sdk._argtypes import whole_number
+
+MIB = 1024 * 1024
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _heap() -> tuple[float, float]:
+    """glibc's heap: MiB in use (mmapped chunks included) and MiB free but kept."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return (info.uordblks + info.hblkhd) / MIB, info.fordblks / MIB
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def receiver(stack: dict[str, str], channel: str, conn: Any) -> None:
+    from svc_sdk import SvcClient
+
+    with tempfile.TemporaryDirectory() as root:
+        client = SvcClient(stack["relay"], root, b"receiver", stack["key"], stack["api"])
+        conn.send(client.generate_key_package())
+        welcome, expected = conn.recv()  # the sender says how many to expect
+        chan = client.join_channel(channel, welcome)
+        conn.send("ready")
+        samples: list[tuple[float, float, float, float, float]] = []
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(0.02):
+                used, free = _heap()
+                # Read without the channel's lock: a sample may be a frame out of date.
+                samples.append(
+                    (_rss_mib(), chan._raw_bytes / MIB, chan._inbox._bytes / MIB, used, free)
+                )
+
+        start = (_rss_mib(), *_heap())
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        for count, _ in enumerate(chan.messages(timeout=120), 1):
+            if count == expected:
+                break
+        done.set()
+        sampler.join()
+        chan.send(b"done")
+        client.close()
+    peak = max(samples)
+    conn.send({"start": start, "peak": peak, "hwm": _vmhwm_mib("self")})
+
+
+def sender(stack: dict[str, str], channel: str, plan: tuple[int, int], conn: Any) -> None:
+    from svc_sdk import SvcClient
+
+    messages, size = plan
+    with tempfile.TemporaryDirectory() as root:
+        client = SvcClient(stack["relay"], root, b"sender", stack["key"], stack["api"])
+        chan = client.create_channel(channel)
+        conn.send((chan.add_member(conn.recv()), messages))
+        assert conn.recv() == "go"
+        payload = b"T" * size
+        began = time.perf_counter()
+        for _ in range(messages):
+            chan.send(payload)
+        next(iter(chan.messages(timeout=120)))  # the receiver's "done"
+        seconds = time.perf_counter() - began
+        client.close()
+    conn.send({"msgs_per_s": messages / seconds, "hwm": _vmhwm_mib("self")})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=whole_number(1), default=3)
+    parser.add_argument("--messages", type=whole_number(1), default=10_000)
+    parser.add_argument("--size", type=whole_number(1, 1024 * 1024), default=16 * 1024)
+    args = parser.parse_args()
+    rows = []
+    for run in range(1, args.runs + 1):
+        sent, got = agent_pair("bench/memory", receiver, sender, (args.messages, args.size))
+        _, backlog, inbox, used, free = got["peak"]
+        row = (sent["msgs_per_s"], got["start"][0], got["hwm"], backlog, inbox, used, free)
+        rows.append(row)
+        print(f"run {run}: " + ", ".join(f"{v:,.1f}" for v in row), flush=True)
+    names = (
+        "msg/s",
+        "receiver RSS before, MiB",
+        "receiver peak RSS, MiB",
+        "at the peak: unprocessed deliveries, MiB",
+        "at the peak: inbox, MiB",
+        "at the peak: malloc in use, MiB",
+        "at the peak: malloc free but kept, MiB",
+    )
+    print(f"\n{args.messages:,} messages of {args.size:,} B, one send() each; {args.runs} runs\n")
+    print("| measure | median | runs |\n|---|---:|---|")
+    for i, name in enumerate(names):
+        values = [row[i] for row in rows]
+        each = ", ".join(f"{v:,.1f}" for v in values)
+        print(f"| {name} | {statistics.median(values):,.1f} | {each} |")
+
+
+if __name__ == "__main__":
+    main()
