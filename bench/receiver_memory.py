@@ -8,7 +8,8 @@ every message; the receiver iterates ``messages()`` and samples itself every 20 
 RSS, its unprocessed deliveries (``Channel._raw``, still encrypted), its inbox, and
 glibc's own count of the heap (``mallinfo2``: bytes in use and bytes free but kept). At
 the sample with the highest RSS it reports all of them, so a peak splits into what the
-receiver holds and what the allocator holds for it. It reads private fields of the
+receiver holds and what the allocator holds for it (beside the kernel's high-water mark,
+VmHWM, which a sample can miss by up to 20 ms). It reads private fields of the
 client, so it measures this version of svc only.
 """
 
@@ -25,6 +26,7 @@ from typing import Any
 from e2e import _vmhwm_mib, agent_pair  # bench/e2e.py: the same two agents
 
 from svc_sdk._argtypes import whole_number
+from svc_sdk._checks import MAX_PAYLOAD
 
 MIB = 1024 * 1024
 
@@ -75,22 +77,29 @@ def receiver(stack: dict[str, str], channel: str, conn: Any) -> None:
         samples: list[tuple[float, float, float, float, float]] = []
         done = threading.Event()
 
+        def take_sample() -> None:
+            used, free = _heap()
+            # Read without the channel's lock: a sample may be a frame out of date.
+            samples.append(
+                (_rss_mib(), chan._raw_bytes / MIB, chan._inbox._bytes / MIB, used, free)
+            )
+
         def sample() -> None:
             while not done.wait(0.02):
-                used, free = _heap()
-                # Read without the channel's lock: a sample may be a frame out of date.
-                samples.append(
-                    (_rss_mib(), chan._raw_bytes / MIB, chan._inbox._bytes / MIB, used, free)
-                )
+                take_sample()
 
         start = (_rss_mib(), *_heap())
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
+        count = 0
         for count, _ in enumerate(chan.messages(timeout=120), 1):
             if count == expected:
                 break
         done.set()
         sampler.join()
+        take_sample()  # a run shorter than one interval still has one
+        if count != expected:
+            raise RuntimeError(f"received {count} of {expected} messages within 120 s")
         chan.send(b"done")
         client.close()
     peak = max(samples)
@@ -120,23 +129,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=whole_number(1), default=3)
     parser.add_argument("--messages", type=whole_number(1), default=10_000)
-    parser.add_argument("--size", type=whole_number(1, 1024 * 1024), default=16 * 1024)
+    parser.add_argument("--size", type=whole_number(1, MAX_PAYLOAD), default=16 * 1024)
     args = parser.parse_args()
     rows = []
     for run in range(1, args.runs + 1):
         sent, got = agent_pair("bench/memory", receiver, sender, (args.messages, args.size))
-        _, backlog, inbox, used, free = got["peak"]
-        row = (sent["msgs_per_s"], got["start"][0], got["hwm"], backlog, inbox, used, free)
+        rss, backlog, inbox, used, free = got["peak"]
+        row = (sent["msgs_per_s"], got["start"][0], got["hwm"], rss, backlog, inbox, used, free)
         rows.append(row)
         print(f"run {run}: " + ", ".join(f"{v:,.1f}" for v in row), flush=True)
     names = (
         "msg/s",
         "receiver RSS before, MiB",
-        "receiver peak RSS, MiB",
-        "at the peak: unprocessed deliveries, MiB",
-        "at the peak: inbox, MiB",
-        "at the peak: malloc in use, MiB",
-        "at the peak: malloc free but kept, MiB",
+        "receiver peak RSS (VmHWM), MiB",
+        "receiver RSS at the highest sample, MiB",
+        "at that sample: unprocessed deliveries, MiB",
+        "at that sample: inbox, MiB",
+        "at that sample: malloc in use, MiB",
+        "at that sample: malloc free but kept, MiB",
     )
     print(f"\n{args.messages:,} messages of {args.size:,} B, one send() each; {args.runs} runs\n")
     print("| measure | median | runs |\n|---|---:|---|")

@@ -12,13 +12,14 @@ from svc_sdk.protocol import relay_pb2 as pb
 
 from .store import Entry, WelcomeEntry
 
-# One frame of deliveries: at most this many, and it is closed once its messages reach
-# MAX_BATCH_BYTES. The byte bound is for the receiver's memory, not the relay's: a
-# client copies each frame whole several times on the way in (HTTP/2's buffer, the bytes
-# it drains, the parsed message its deliveries keep alive), and once glibc has freed a
-# buffer of a size it serves that size from its heaps, not mmap, so megabyte frames
-# leave a reader's heap fragmented. 256 KiB still holds 256 deliveries of up to 1 KiB,
-# so small messages fan out in as few writes as before (docs/performance.md).
+# One frame of deliveries: at most this many, and it is closed once its encoded
+# deliveries reach MAX_BATCH_BYTES. The byte bound is for the receiver's memory, not the
+# relay's: a client copies each frame whole several times on the way in (HTTP/2's
+# buffer, the bytes it drains, the parsed message its deliveries keep alive), and once
+# glibc has freed a buffer of a size it serves that size from its heaps, not mmap, so
+# megabyte frames leave a reader's heap fragmented. 256 KiB still holds 256 deliveries of
+# messages up to ~900 bytes, so small ones fan out in as few writes as before
+# (docs/performance.md).
 MAX_BATCH = 256
 MAX_BATCH_BYTES = 256 * 1024
 

@@ -43,7 +43,7 @@ log = logging.getLogger("svc_sdk.channel")
 # handed over once readers took the backlog down to half of both. The relay keeps the
 # messages meanwhile, so a member that sends faster than this agent reads costs the
 # agent about this much memory at most (plus the one relay frame, up to 256 deliveries
-# and about 4 MiB, that crossed it). 4 MiB is 256 messages of 16 KiB; 4,096 deliveries
+# and about 256 KiB, that crossed it). 4 MiB is 256 messages of 16 KiB; 4,096 deliveries
 # of a few hundred bytes hold under 2 MiB (measured as RSS). The half left when it
 # resumes keeps a reader busy while the new subscription's first frame comes back (a
 # round trip and a log read), so a reader that is the bottleneck does not wait for it.
