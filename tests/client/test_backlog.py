@@ -19,7 +19,7 @@ from svc_sdk.testing import LocalStack
 from .helpers import pair
 
 MAX_BATCH = 256  # deliveries in one relay frame (server/relay/hub.py)
-MAX_BATCH_BYTES = 256 * 1024  # a relay frame closes once its messages reach this
+MAX_BATCH_BYTES = 256 * 1024  # a relay frame closes once its encoded deliveries reach this
 
 
 class Watch:
