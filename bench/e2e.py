@@ -619,9 +619,14 @@ def slim_run(plan: Plan, shim: Path | None, fast_ffi: bool, scratch: Path) -> di
 
 
 def _vmhwm_mib(pid: int | str) -> float | None:
+    return _status_mib(pid, "VmHWM")
+
+
+def _status_mib(pid: int | str, field: str) -> float | None:
+    """A memory field of ``/proc/<pid>/status`` (VmRSS, VmHWM, ...) in MiB."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import statistics
 import tempfile
 import threading
 import time
 from typing import Any
 
-from e2e import _vmhwm_mib, agent_pair  # bench/e2e.py: the same two agents
+from e2e import _status_mib, _vmhwm_mib, agent_pair  # bench/e2e.py: the same two agents
 
 from svc_sdk._argtypes import whole_number
 from svc_sdk._checks import MAX_PAYLOAD
@@ -49,20 +50,21 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-def _heap() -> tuple[float, float]:
-    """glibc's heap: MiB in use (mmapped chunks included) and MiB free but kept."""
+@functools.cache
+def _mallinfo2() -> Any:
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
+    return libc.mallinfo2
+
+
+def _heap() -> tuple[float, float]:
+    """glibc's heap: MiB in use (mmapped chunks included) and MiB free but kept."""
+    info = _mallinfo2()()
     return (info.uordblks + info.hblkhd) / MIB, info.fordblks / MIB
 
 
 def _rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    return _status_mib("self", "VmRSS") or 0.0
 
 
 def receiver(stack: dict[str, str], channel: str, conn: Any) -> None:
