@@ -19,7 +19,7 @@ use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use super::{runtime, tls::tls_connector, Dial, Io, TransportError};
+use super::{proxy, runtime, tls::tls_connector, Dial, Io, TransportError};
 
 /// Largest answer read from the API. Its answers are JSON of a few KiB; the audit trail
 /// comes in pages bounded by their `limit`. A larger one is an error, not an allocation.
@@ -88,8 +88,10 @@ impl HttpClient {
         } else {
             None
         };
+        let host = host.trim_matches(['[', ']']).to_owned();
         let dial = Dial {
-            host: host.trim_matches(['[', ']']).to_owned(),
+            proxy: proxy::from_env(tls.is_some(), &host, port)?,
+            host,
             port,
             tls,
         };

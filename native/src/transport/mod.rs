@@ -10,6 +10,7 @@
 //! have in flight: the outbox's window).
 
 mod api;
+mod proxy;
 mod server;
 mod server_stream;
 mod stream;
@@ -48,6 +49,8 @@ pub enum TransportError {
     Address(String, String),
     #[error("invalid TLS roots: {0}")]
     Roots(String),
+    #[error("{0}")]
+    Proxy(String),
     #[error("invalid metadata {0:?}: not ASCII header text")]
     Metadata(String),
     #[error("{0}")]
@@ -118,8 +121,10 @@ impl Connection {
             .connect_timeout(config.connect_timeout)
             .initial_stream_window_size(4 * 1024 * 1024)
             .initial_connection_window_size(8 * 1024 * 1024);
+        let host = host.trim_matches(['[', ']']).to_owned();
         let dial = Dial {
-            host: host.trim_matches(['[', ']']).to_owned(),
+            proxy: proxy::from_env(tls.is_some(), &host, port)?,
+            host,
             port,
             tls: tls.map(Arc::new),
         };
@@ -168,11 +173,16 @@ struct Dial {
     host: String,
     port: u16,
     tls: Option<Arc<(TlsConnector, ServerName<'static>)>>,
+    /// The proxy the environment named for this destination when the client was made.
+    proxy: Option<proxy::Proxy>,
 }
 
 impl Dial {
     async fn connect(self) -> io::Result<TokioIo<Box<dyn Io>>> {
-        let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        let tcp = match &self.proxy {
+            None => TcpStream::connect((self.host.as_str(), self.port)).await?,
+            Some(proxy) => proxy.tunnel(&self.host, self.port).await?,
+        };
         // Frames are small and latency-bound; the relay's Replies gate the next ones.
         tcp.set_nodelay(true)?;
         Ok(TokioIo::new(match &self.tls {
