@@ -54,7 +54,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,9 @@ class Plan:
     sizes: tuple[int, ...] = (256, 16384)
     ping_size: int = 256
     timeout: float = 120.0  # seconds to wait for any one reply
+    # The relay's (svc up's) or SLIM node's process: the sender reads its CPU time over
+    # each throughput phase (0: not read).
+    server_pid: int = 0
 
 
 # -- the protocol, the same for svc and SLIM ------------------------------------------
@@ -151,11 +154,45 @@ def _percentiles(samples_ms: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
+def _process_cpu_ns(pid: int) -> int | None:
+    """User and system CPU time of process ``pid``, all its threads (None: not readable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    ticks = int(fields[11]) + int(fields[12])  # utime and stime, the stat's 14th and 15th
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+class _Phase:
+    """CPU time of this process and of the server (``plan.server_pid``) over a phase."""
+
+    def __init__(self, plan: Plan) -> None:
+        self._pid = plan.server_pid
+        self.cpu_ns = time.process_time_ns()
+        self.server_ns = _process_cpu_ns(self._pid) if self._pid else None
+
+    def end(self) -> tuple[int, int | None]:
+        cpu = time.process_time_ns() - self.cpu_ns
+        server = _process_cpu_ns(self._pid) if self._pid else None
+        if server is None or self.server_ns is None:
+            return cpu, None
+        return cpu, server - self.server_ns
+
+
 def _throughput(
-    size: int, n: int, received: int, start: float, end: float, reply: bytes, cpu_ns: int
+    size: int,
+    n: int,
+    received: int,
+    start: float,
+    end: float,
+    reply: bytes,
+    cpu: tuple[int, int | None],
 ) -> dict[str, Any]:
-    """One size's figures; ``cpu_ns``: the sender process's CPU time over the phase. CPU
-    per message is the figure that noise on a shared machine moves least."""
+    """One size's figures; ``cpu``: the sender's and the server's CPU time over the
+    phase, in ns. CPU per message is the figure that noise on a shared machine moves
+    least."""
+    cpu_ns, server_ns = cpu
     fields = reply.split()
     done = reply[:1] == b"D"
     return {
@@ -167,6 +204,7 @@ def _throughput(
         "corrupt": int(fields[1]) if done else None,
         "sender_cpu_us": cpu_ns / 1000 / received if received else None,
         "receiver_cpu_us": int(fields[2]) / received if done and received else None,
+        "server_cpu_us": None if server_ns is None or not received else server_ns / 1000 / received,
     }
 
 
@@ -195,7 +233,7 @@ def drive(send: Callable[[bytes], object], replies: Iterator[bytes], plan: Plan)
         send(b"R%d" % plan.messages)
         expect(b"r")
         body = b"T" + bytes([FILL]) * (size - 1)
-        start, cpu = time.perf_counter(), time.process_time_ns()
+        start, phase = time.perf_counter(), _Phase(plan)
         for _ in range(plan.messages):
             send(body)
         try:
@@ -204,7 +242,7 @@ def drive(send: Callable[[bytes], object], replies: Iterator[bytes], plan: Plan)
             send(b"C")
             done = expect(b"c")
             received = int(done[1:])
-        end, cpu = time.perf_counter(), time.process_time_ns() - cpu
+        end, cpu = time.perf_counter(), phase.end()
         result["tput"][str(size)] = _throughput(
             size, plan.messages, received, start, end, done, cpu
         )
@@ -240,7 +278,7 @@ async def drive_async(
         await send(b"R%d" % plan.messages)
         await expect(b"r")
         body = b"T" + bytes([FILL]) * (size - 1)
-        start, cpu = time.perf_counter(), time.process_time_ns()
+        start, phase = time.perf_counter(), _Phase(plan)
         for _ in range(plan.messages):
             await send(body)
         try:
@@ -249,7 +287,7 @@ async def drive_async(
             await send(b"C")
             done = await expect(b"c")
             received = int(done[1:])
-        end, cpu = time.perf_counter(), time.process_time_ns() - cpu
+        end, cpu = time.perf_counter(), phase.end()
         result["tput"][str(size)] = _throughput(
             size, plan.messages, received, start, end, done, cpu
         )
@@ -290,6 +328,7 @@ def svc_sender(stack: dict[str, str], channel: str, plan: Plan, conn: Any) -> No
         chan = client.create_channel(channel)
         conn.send(chan.add_member(conn.recv()))
         assert conn.recv() == "go"
+        plan = replace(plan, server_pid=int(stack["pid"]))
         result = drive(chan.send, chan.messages(timeout=plan.timeout), plan)
         client.close()
     result["maxrss_mib"] = _peak_rss_mib()
@@ -347,6 +386,7 @@ async def _svc_async_sender(stack: dict[str, str], channel: str, plan: Plan, con
         chan = await client.create_channel(channel)
         conn.send(await chan.add_member(conn.recv()))
         assert conn.recv() == "go"
+        plan = replace(plan, server_pid=int(stack["pid"]))
         result = await drive_async(chan.send, chan.messages(timeout=plan.timeout), plan)
         await client.aclose()
     result["maxrss_mib"] = _peak_rss_mib()
@@ -369,7 +409,12 @@ def agent_pair(
     ctx = mp.get_context("spawn")
     channel = f"{prefix}/{uuid.uuid4().hex[:12]}"
     with LocalStack() as running:
-        stack = {"relay": running.relay_url, "api": running.api_url, "key": running.api_key}
+        stack = {
+            "relay": running.relay_url,
+            "api": running.api_url,
+            "key": running.api_key,
+            "pid": str(running.pid),
+        }
         to_receiver, receiver_end = ctx.Pipe()
         to_sender, sender_end = ctx.Pipe()
         receiver = ctx.Process(target=receive, args=(stack, channel, receiver_end))
@@ -596,7 +641,7 @@ def slim_run(plan: Plan, shim: Path | None, fast_ffi: bool, scratch: Path) -> di
         _wait_for(node, node_log, "slim node up", 30)
         receiver, receiver_log = start("slim-recv", "--out", str(run / "recv.json"))
         _wait_for(receiver, receiver_log, "READY", 30)
-        plan_json = json.dumps(asdict(plan))
+        plan_json = json.dumps(asdict(replace(plan, server_pid=node.pid)))
         sender, sender_log = start(
             "slim-send", "--out", str(run / "send.json"), "--plan", plan_json
         )
@@ -645,7 +690,7 @@ def _median(runs: list[dict[str, Any]], key: str) -> float | None:
 def _value(run: dict[str, Any], key: str) -> float | None:
     if key.startswith("tput_"):
         return float(run["tput"][key.removeprefix("tput_")]["msgs_per_s"])
-    if key.startswith(("sender_cpu_us_", "receiver_cpu_us_")):
+    if key.startswith(("sender_cpu_us_", "receiver_cpu_us_", "server_cpu_us_")):
         field, _, size = key.rpartition("_")
         value = run["tput"][size].get(field)
         return None if value is None else float(value)
@@ -668,12 +713,15 @@ ROWS = [
     ("rtt_p99_ms", "round trip 256 B, p99 ms"),
     ("maxrss_mib", "sender peak RSS, MiB"),
     ("receiver_maxrss_mib", "receiver peak RSS, MiB"),
-    # Process CPU time (all threads) over a throughput phase ÷ messages; the relay's or
-    # SLIM node's CPU is not in it.
+    # Process CPU time (all threads) over a throughput phase ÷ messages. The server is
+    # svc up's process (the relay; the account API is a child, idle meanwhile) or SLIM's
+    # node.
     ("sender_cpu_us_256", "sender CPU µs per message, 256 B"),
     ("receiver_cpu_us_256", "receiver CPU µs per message, 256 B"),
+    ("server_cpu_us_256", "relay / node CPU µs per message, 256 B"),
     ("sender_cpu_us_16384", "sender CPU µs per message, 16 KiB"),
     ("receiver_cpu_us_16384", "receiver CPU µs per message, 16 KiB"),
+    ("server_cpu_us_16384", "relay / node CPU µs per message, 16 KiB"),
 ]
 
 

@@ -113,6 +113,12 @@ class LocalStack:
         for stream in (self._proc.stdout, self._proc.stderr):
             threading.Thread(target=_drain, args=(stream,), daemon=True).start()
 
+    @property
+    def pid(self) -> int | None:
+        """The ``svc up`` process, which serves the relay (the account API runs in a child
+        of it); None before start."""
+        return None if self._proc is None else self._proc.pid
+
     def stop(self) -> None:
         """Closes the managers it made, stops the servers, deletes the temporary data."""
         with self._lock:
