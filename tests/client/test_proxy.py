@@ -18,11 +18,15 @@ from tests.client.proxy import ConnectProxy
 VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
 
 
-@pytest.fixture
-def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ConnectProxy]:
+def clear_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in VARIABLES:
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
+
+
+@pytest.fixture
+def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ConnectProxy]:
+    clear_proxy_variables(monkeypatch)
     running = ConnectProxy()
     yield running
     running.close()
@@ -30,6 +34,18 @@ def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ConnectProxy]:
 
 def authority(url: str) -> str:
     return urlsplit(url).netloc
+
+
+def start_agent(stack: LocalStack, directory: Path, name: str) -> SvcChannelManager:
+    """An agent made directly (not through the stack, which would close it at the end)."""
+    return SvcChannelManager(
+        name,
+        endpoint=stack.relay_url,
+        data_dir=directory / name,
+        api_key=stack.api_key,
+        api_url=stack.api_url,
+        timeout=5,
+    )
 
 
 def test_an_agent_reaches_the_api_and_the_relay_through_the_proxy(
@@ -86,21 +102,12 @@ def test_a_proxy_that_refuses_the_tunnel_is_a_transport_error(
     answer: bytes,
     why: str,
 ) -> None:
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
+    clear_proxy_variables(monkeypatch)
     refusing = ConnectProxy(answer=answer)
     monkeypatch.setenv("HTTP_PROXY", refusing.url)
     try:
         with pytest.raises(TransportError, match=f"proxy 127.0.0.1:{refusing.port}.*{why}"):
-            SvcChannelManager(
-                "behind-a-strict-proxy",
-                endpoint=stack.relay_url,
-                data_dir=tmp_path / "agent",
-                api_key=stack.api_key,
-                api_url=stack.api_url,
-                timeout=5,
-            )
+            start_agent(stack, tmp_path, "behind-a-strict-proxy")
     finally:
         refusing.close()
     assert refusing.targets() == {authority(stack.api_url)}
@@ -111,10 +118,4 @@ def test_a_proxy_the_transport_cannot_speak_is_refused_not_bypassed(
 ) -> None:
     monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
     with pytest.raises(TransportError, match=r"socks5://127\.0\.0\.1:1080.*only http:// proxies"):
-        SvcChannelManager(
-            "behind-a-socks-proxy",
-            endpoint=stack.relay_url,
-            data_dir=tmp_path / "agent",
-            api_key=stack.api_key,
-            api_url=stack.api_url,
-        )
+        start_agent(stack, tmp_path, "behind-a-socks-proxy")
