@@ -2,17 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+
+import pytest
+
+#: What the agents read to choose a proxy (each also in lower case).
+VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+
+
+def clear_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy variable, and no CGI marker, for this test."""
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    monkeypatch.delenv("REQUEST_METHOD", raising=False)
 
 
 class ConnectProxy:
     """Tunnels each ``CONNECT host:port`` to its target and pipes bytes both ways,
     recording the target, the ``Proxy-Authorization`` header and every byte it piped.
-    With ``answer``, it answers every CONNECT with that response instead and closes."""
+    With ``answer``, it answers every CONNECT with that response instead and closes.
+    With ``early``, it waits briefly for the target to speak first (an HTTP/2 server
+    sends its SETTINGS at once) and sends that in the same write as its 200, as a proxy
+    may: the client must not lose what follows the response's head."""
 
-    def __init__(self, answer: bytes | None = None) -> None:
+    def __init__(self, answer: bytes | None = None, *, early: bool = False) -> None:
         self._answer = answer
+        self._early = early
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -27,9 +45,14 @@ class ConnectProxy:
             return {target for target, _ in self.tunnels}
 
     def close(self) -> None:
+        # shutdown() first: close() alone does not wake a thread blocked in accept or recv.
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
             for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
 
     def _accept(self) -> None:
@@ -64,7 +87,18 @@ class ConnectProxy:
         upstream = socket.create_connection((host.strip("[]"), int(port)))
         with self._lock:
             self._sockets.append(upstream)
-        conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        established = b"HTTP/1.1 200 Connection established\r\n\r\n"
+        if self._early:
+            upstream.settimeout(0.3)
+            try:
+                first = upstream.recv(65536)
+            except TimeoutError:
+                first = b""  # a server that waits for the client (HTTP/1.1, TLS)
+            upstream.settimeout(None)
+            with self._lock:
+                self.piped += first
+            established += first
+        conn.sendall(established)
         threading.Thread(target=self._pipe, args=(upstream, conn), daemon=True).start()
         self._pipe(conn, upstream)
 

@@ -13,21 +13,15 @@ import pytest
 
 from svc_sdk import SvcChannelManager, TransportError
 from svc_sdk.testing import LocalStack
-from tests.client.proxy import ConnectProxy
-
-VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+from tests.client.proxy import ConnectProxy, clear_proxy_variables
 
 
-def clear_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
-
-
-@pytest.fixture
-def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[ConnectProxy]:
+@pytest.fixture(params=[False, True], ids=["200 alone", "200 with the relay's first bytes"])
+def proxy(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> Iterator[ConnectProxy]:
     clear_proxy_variables(monkeypatch)
-    running = ConnectProxy()
+    running = ConnectProxy(early=request.param)
     yield running
     running.close()
 
@@ -62,6 +56,17 @@ def test_an_agent_reaches_the_api_and_the_relay_through_the_proxy(
         bob.join_with_token(channel_name, alice.invite(channel_name), timeout=20)
         alice.send(channel_name, "through the proxy")
         assert bob.receive(channel_name, timeout=10) == ["through the proxy"]
+        # More than HTTP/2's default 64 KiB window: lost SETTINGS from the relay would
+        # leave the stream stalled there.
+        bulk = [f"{i:06d}" * 10_000 for i in range(5)]
+        for text in bulk:
+            alice.send(channel_name, text)
+        received: list[str] = []
+        while len(received) < len(bulk):
+            got = bob.receive(channel_name, timeout=10)
+            assert got, f"stalled after {len(received)} of {len(bulk)} messages of 60 KB"
+            received += got
+        assert received == bulk
     finally:
         alice.close()
         bob.close()
@@ -91,8 +96,9 @@ def test_no_proxy_goes_direct(
 @pytest.mark.parametrize(
     ("answer", "why"),
     [
-        (b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n", "proxy authorization required"),
-        (b"HTTP/1.1 403 Forbidden\r\n\r\n", "unsuccessful"),
+        (b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n", r"requires authorization \(407\)"),
+        (b"HTTP/1.1 403 Forbidden\r\n\r\n", r"refused the tunnel \(403\)"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", "not HTTP"),
     ],
 )
 def test_a_proxy_that_refuses_the_tunnel_is_a_transport_error(
@@ -114,8 +120,13 @@ def test_a_proxy_that_refuses_the_tunnel_is_a_transport_error(
 
 
 def test_a_proxy_the_transport_cannot_speak_is_refused_not_bypassed(
-    stack: LocalStack, proxy: ConnectProxy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    stack: LocalStack, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    clear_proxy_variables(monkeypatch)
     monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1080")
-    with pytest.raises(TransportError, match=r"socks5://127\.0\.0\.1:1080.*only http:// proxies"):
+    with pytest.raises(TransportError, match=r"ALL_PROXY names a socks5:// proxy: only http://"):
         start_agent(stack, tmp_path, "behind-a-socks-proxy")
+    monkeypatch.setenv("ALL_PROXY", "http://agent:pa@ss@127.0.0.1:3128")
+    with pytest.raises(TransportError, match="percent-encode '@'") as refused:
+        start_agent(stack, tmp_path, "behind-a-misspelt-proxy")
+    assert "pa@ss" not in str(refused.value)

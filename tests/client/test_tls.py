@@ -17,7 +17,7 @@ from cryptography.x509.oid import NameOID
 
 from svc_sdk import SvcChannelManager, TransportError
 from svc_sdk.testing import LocalStack
-from tests.client.proxy import ConnectProxy
+from tests.client.proxy import ConnectProxy, clear_proxy_variables
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:
@@ -83,19 +83,20 @@ def test_tls_runs_end_to_end_through_a_proxy(
     host and port, never what goes through the tunnel."""
     stack, cert = tls_stack
     monkeypatch.setenv("SVC_TLS_CA_FILE", str(cert))
-    for name in ("HTTP_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "all_proxy", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
+    clear_proxy_variables(monkeypatch)
     proxy = ConnectProxy()
-    monkeypatch.setenv("https_proxy", proxy.url)
-    alice, bob = stack.manager("tls-proxy-alice"), stack.manager("tls-proxy-bob")
     try:
-        alice.create("acme/tls/proxied")
-        bob.join_with_token("acme/tls/proxied", alice.invite("acme/tls/proxied"), timeout=20)
-        alice.send("acme/tls/proxied", "tunnelled")
-        assert bob.receive("acme/tls/proxied", timeout=10) == ["tunnelled"]
+        monkeypatch.setenv("https_proxy", proxy.url)
+        alice, bob = stack.manager("tls-proxy-alice"), stack.manager("tls-proxy-bob")
+        try:
+            alice.create("acme/tls/proxied")
+            bob.join_with_token("acme/tls/proxied", alice.invite("acme/tls/proxied"), timeout=20)
+            alice.send("acme/tls/proxied", "tunnelled")
+            assert bob.receive("acme/tls/proxied", timeout=10) == ["tunnelled"]
+        finally:
+            alice.close()
+            bob.close()
     finally:
-        alice.close()
-        bob.close()
         proxy.close()
     assert proxy.targets() == {urlsplit(stack.api_url).netloc, urlsplit(stack.relay_url).netloc}
     assert proxy.piped and b"acme/tls/proxied" not in proxy.piped and b"/v1/" not in proxy.piped

@@ -95,7 +95,7 @@ impl HttpClient {
             port,
             tls,
         };
-        let connector = Connector(dial);
+        let connector = Connector(dial, timeout);
         Ok(Self {
             origin,
             timeout,
@@ -229,9 +229,12 @@ fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// Dials the one origin whatever the URI says (the pool keys connections by it).
+/// Dials the one origin whatever the URI says (the pool keys connections by it), within
+/// the client's timeout: hyper-util finishes a connection a request no longer waits for
+/// (another one came free) in the background, and a stalled server or proxy must not
+/// hold it, and its socket, for good.
 #[derive(Clone)]
-struct Connector(Dial);
+struct Connector(Dial, Duration);
 
 impl tower::Service<Uri> for Connector {
     type Response = Conn;
@@ -243,8 +246,16 @@ impl tower::Service<Uri> for Connector {
     }
 
     fn call(&mut self, _: Uri) -> Self::Future {
-        let dial = self.0.clone();
-        Box::pin(async move { dial.connect().await.map(Conn) })
+        let (dial, limit) = (self.0.clone(), self.1);
+        Box::pin(async move {
+            match tokio::time::timeout(limit, dial.connect()).await {
+                Ok(connected) => connected.map(Conn),
+                Err(_) => Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no connection within {} s", limit.as_secs_f64()),
+                )),
+            }
+        })
     }
 }
 
