@@ -35,7 +35,9 @@ class ConnectProxy:
         self.port: int = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.tunnels: list[tuple[str, str | None]] = []
+        self.early: dict[str, int] = {}  # target: bytes sent with the 200 (early mode)
         self.piped = bytearray()
+        self._closed = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, name="test-proxy", daemon=True).start()
@@ -50,6 +52,7 @@ class ConnectProxy:
             self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         with self._lock:
+            self._closed = True
             for sock in self._sockets:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
@@ -61,9 +64,17 @@ class ConnectProxy:
                 conn, _ = self._listener.accept()
             except OSError:
                 return
-            with self._lock:
-                self._sockets.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            if self._keep(conn):
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _keep(self, sock: socket.socket) -> bool:
+        """Tracks ``sock`` for close(); closes it at once if close() has run."""
+        with self._lock:
+            if not self._closed:
+                self._sockets.append(sock)
+                return True
+        sock.close()
+        return False
 
     def _serve(self, conn: socket.socket) -> None:
         head = b""
@@ -85,8 +96,9 @@ class ConnectProxy:
             return
         host, _, port = target.rpartition(":")
         upstream = socket.create_connection((host.strip("[]"), int(port)))
-        with self._lock:
-            self._sockets.append(upstream)
+        if not self._keep(upstream):
+            conn.close()
+            return
         established = b"HTTP/1.1 200 Connection established\r\n\r\n"
         if self._early:
             upstream.settimeout(0.3)
@@ -97,6 +109,7 @@ class ConnectProxy:
             upstream.settimeout(None)
             with self._lock:
                 self.piped += first
+                self.early[target] = len(first)
             established += first
         conn.sendall(established)
         threading.Thread(target=self._pipe, args=(upstream, conn), daemon=True).start()

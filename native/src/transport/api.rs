@@ -252,7 +252,7 @@ impl tower::Service<Uri> for Connector {
                 Ok(connected) => connected.map(Conn),
                 Err(_) => Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("no connection within {} s", limit.as_secs_f64()),
+                    format!("no connection within {limit:?}"),
                 )),
             }
         })

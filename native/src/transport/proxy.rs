@@ -2,8 +2,9 @@
 //!
 //! The environment says which proxy: `HTTPS_PROXY` for `https://` destinations,
 //! `HTTP_PROXY` for `http://` ones, `ALL_PROXY` for both, and `NO_PROXY` for what goes
-//! direct (each in upper or lower case; hyper-util's `Matcher` applies them). A value set
-//! but unusable is an error when the client is made, never a silent direct connection.
+//! direct (each in upper or lower case; hyper-util's `Matcher` applies `NO_PROXY`). A
+//! value set but unusable is an error when the client is made, never a silent direct
+//! connection.
 //! The connection goes through a `CONNECT` tunnel with TLS or HTTP/2 inside; only
 //! `http://` proxies are supported.
 
@@ -37,8 +38,9 @@ impl std::fmt::Debug for Proxy {
 }
 
 /// The proxy variables as read from the environment: for each, the first of its
-/// upper- and lower-case names that is set and not empty.
-#[derive(Debug, Default, Clone)]
+/// upper- and lower-case names that is set and not blank. No Debug: the values may hold
+/// passwords.
+#[derive(Default, Clone)]
 struct Variables {
     all: Option<(&'static str, String)>,
     http: Option<(&'static str, String)>,
@@ -47,37 +49,44 @@ struct Variables {
 }
 
 impl Variables {
-    fn from_env() -> Self {
-        let get = |names: &[&'static str]| {
-            names
-                .iter()
-                .find_map(|n| std::env::var(n).ok().filter(|v| !v.trim().is_empty()).map(|v| (*n, v)))
+    fn from_env() -> Result<Self, TransportError> {
+        let get = |names: &[&'static str]| -> Result<Option<(&'static str, String)>, TransportError> {
+            for name in names {
+                let Some(value) = std::env::var_os(name) else { continue };
+                let value = value
+                    .into_string()
+                    .map_err(|_| TransportError::Proxy(format!("{name} is not valid UTF-8")))?;
+                if !value.trim().is_empty() {
+                    return Ok(Some((name, value)));
+                }
+            }
+            Ok(None)
         };
         // In a CGI process HTTP_PROXY may come from a request's `Proxy:` header
         // ("httpoxy"): only the lower-case name counts there.
         let cgi = std::env::var_os("REQUEST_METHOD").is_some();
-        Self {
-            all: get(&["ALL_PROXY", "all_proxy"]),
+        Ok(Self {
+            all: get(&["ALL_PROXY", "all_proxy"])?,
             http: get(if cgi {
                 &["http_proxy"]
             } else {
                 &["HTTP_PROXY", "http_proxy"]
-            }),
-            https: get(&["HTTPS_PROXY", "https_proxy"]),
-            no: get(&["NO_PROXY", "no_proxy"]).map(|(_, v)| v).unwrap_or_default(),
-        }
+            })?,
+            https: get(&["HTTPS_PROXY", "https_proxy"])?,
+            no: get(&["NO_PROXY", "no_proxy"])?.map(|(_, v)| v).unwrap_or_default(),
+        })
     }
 }
 
 /// The proxy the environment names for `host:port` (TLS or not), if any.
 pub(super) fn from_env(tls: bool, host: &str, port: u16) -> Result<Option<Proxy>, TransportError> {
-    choose(&Variables::from_env(), tls, host, port)
+    choose(&Variables::from_env()?, tls, host, port)
 }
 
 fn choose(vars: &Variables, tls: bool, host: &str, port: u16) -> Result<Option<Proxy>, TransportError> {
     let scheme = if tls { "https" } else { "http" };
     let (name, value) = match (if tls { &vars.https } else { &vars.http }, &vars.all) {
-        (Some(chosen), _) | (None, Some(chosen)) => chosen,
+        (Some((name, value)), _) | (None, Some((name, value))) => (name, value.trim()),
         (None, None) => return Ok(None),
     };
     let dst: Uri = format!("{scheme}://{}:{port}", bracketed(host))
@@ -91,7 +100,7 @@ fn choose(vars: &Variables, tls: bool, host: &str, port: u16) -> Result<Option<P
         return Ok(None);
     }
     let bad = |why: &str| TransportError::Proxy(format!("{name} is not a usable proxy address: {why}"));
-    let parsed: Uri = value.trim().parse().map_err(|_| bad("not a URL"))?;
+    let parsed: Uri = value.parse().map_err(|_| bad("not a URL"))?;
     match parsed.scheme_str() {
         None | Some("http") => {}
         Some(other @ ("https" | "socks4" | "socks4a" | "socks5" | "socks5h")) => {
@@ -103,17 +112,24 @@ fn choose(vars: &Variables, tls: bool, host: &str, port: u16) -> Result<Option<P
         Some(_) => return Err(bad("the scheme is not http://")),
     }
     let authority = parsed.authority().ok_or_else(|| bad("no host"))?;
-    // Userinfo ends at the first `@`; another one means an unencoded `@` in the password,
-    // and hyper-util would take the rest of the password for the proxy's host.
-    if authority.as_str().matches('@').count() > 1 {
-        return Err(bad("percent-encode '@' in the user name or password"));
+    // Userinfo ends at the first `@`, and a `/` or `?` ends the authority: either one
+    // unencoded in the credentials would make part of them the proxy's host.
+    let in_path = parsed.path_and_query().is_some_and(|p| p.as_str().contains('@'));
+    if authority.as_str().matches('@').count() > 1 || in_path {
+        return Err(bad("percent-encode '@', '/' and '?' in the user name or password"));
+    }
+    if authority.host().trim_matches(['[', ']']).is_empty() {
+        return Err(bad("no host"));
     }
     let host_port = authority.as_str().rsplit('@').next().unwrap_or_default();
     let after_host = host_port.rsplit_once(']').map_or(host_port, |(_, rest)| rest);
     if after_host.contains(':') && authority.port_u16().is_none() {
         return Err(bad("the port is not a number"));
     }
-    let matcher = Matcher::builder().http(value.clone()).https(value.clone()).build();
+    let matcher = Matcher::builder()
+        .http(value.to_owned())
+        .https(value.to_owned())
+        .build();
     let intercept = matcher.intercept(&dst).ok_or_else(|| bad("not a URL"))?;
     let uri = intercept.uri();
     Ok(Some(Proxy {
@@ -161,7 +177,7 @@ impl Proxy {
         // The head is read a byte at a time: what follows it is the tunnel's, and an
         // HTTP/2 server speaks first (its SETTINGS may come in the same segment).
         let mut head = Vec::with_capacity(128);
-        while !head.ends_with(b"\r\n\r\n") {
+        while !(head.ends_with(b"\r\n\r\n") || head.ends_with(b"\n\n")) {
             if head.len() >= MAX_HEAD {
                 return Err(failed(format!("its answer's head is over {MAX_HEAD} bytes")));
             }
@@ -173,16 +189,20 @@ impl Proxy {
                 Err(e) => return Err(failed(e.to_string())),
             }
         }
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut response = httparse::Response::new(&mut headers);
-        match response.parse(&head) {
-            Ok(httparse::Status::Complete(_)) => match response.code {
-                Some(200..=299) => Ok(tcp),
-                Some(407) => Err(failed("the proxy requires authorization (407)".into())),
-                Some(code) => Err(failed(format!("the proxy refused the tunnel ({code})"))),
-                None => Err(failed("the proxy's answer has no status".into())),
-            },
-            _ => Err(failed("the proxy's answer is not HTTP".into())),
+        // Only the status line matters: "HTTP/1.x NNN reason".
+        let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
+        let mut words = line.split(|b| *b == b' ');
+        let code = match (words.next(), words.next()) {
+            (Some(version), Some(code)) if version.starts_with(b"HTTP/1.") && code.len() == 3 => {
+                std::str::from_utf8(code).ok().and_then(|c| c.parse::<u16>().ok())
+            }
+            _ => None,
+        };
+        match code {
+            Some(200..=299) => Ok(tcp),
+            Some(407) => Err(failed("the proxy requires authorization (407)".into())),
+            Some(code) => Err(failed(format!("the proxy refused the tunnel ({code})"))),
+            None => Err(failed("the proxy's answer is not HTTP".into())),
         }
     }
 }
@@ -285,6 +305,7 @@ mod tests {
             (&b"HTTP/1.0 502 Bad Gateway\r\n\r\n"[..], "refused the tunnel (502)"),
             (&b"SSH-2.0-OpenSSH_9.2\r\n\r\n"[..], "not HTTP"),
             (&b"HTTP/1.1 200 OK\r\n"[..], "closed the connection"),
+            (&b"HTTP/1.1 100 Continue\n\n"[..], "refused the tunnel (100)"),
         ] {
             let (proxy, _served) = one_shot_proxy(answer).await;
             let err = proxy.tunnel("relay.example", 443).await.unwrap_err().to_string();
@@ -325,6 +346,8 @@ mod tests {
             ),
             ("http://user:pa@ss@proxy:3128", "percent-encode '@'"),
             ("http://user:pa/ss@proxy", "not a usable proxy address"),
+            ("http://dom/user:pass@proxy:3128", "percent-encode"),
+            ("http://:3128", "no host"),
             ("http://proxy:port", "the port is not a number"),
             ("ftp://proxy:21", "the scheme is not http://"),
             ("not a url", "not a URL"),
