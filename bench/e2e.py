@@ -85,7 +85,7 @@ class Plan:
     ping_size: int = 256
     timeout: float = 120.0  # seconds to wait for any one reply
     # The relay's (svc up's) or SLIM node's process: the sender reads its CPU time over
-    # each throughput phase (0: not read).
+    # each phase (0: not read).
     server_pid: int = 0
 
 
@@ -208,6 +208,22 @@ def _throughput(
     }
 
 
+def _round_trips(samples_ms: list[float], cpu: tuple[int, int | None]) -> dict[str, Any]:
+    """The round trips' figures: p50 and p99, and the sender's and the server's CPU time
+    per round trip (a ping and its answer: two messages through the server, each alone,
+    so nothing is shared with another message's work)."""
+    p50, p99 = _percentiles(samples_ms)
+    cpu_ns, server_ns = cpu
+    n = len(samples_ms)
+    return {
+        "rtt_p50_ms": p50,
+        "rtt_p99_ms": p99,
+        "rtt_sender_cpu_us": cpu_ns / 1000 / n,
+        "rtt_server_cpu_us": None if server_ns is None else server_ns / 1000 / n,
+        "tput": {},
+    }
+
+
 def drive(send: Callable[[bytes], object], replies: Iterator[bytes], plan: Plan) -> dict[str, Any]:
     """The sender, blocking: round trips, then throughput at each size."""
 
@@ -218,7 +234,10 @@ def drive(send: Callable[[bytes], object], replies: Iterator[bytes], plan: Plan)
         raise TimeoutError(f"no {tag!r} reply within {plan.timeout} s")
 
     samples = []
+    phase = _Phase(plan)
     for i in range(plan.warm_up + plan.round_trips):
+        if i == plan.warm_up:
+            phase = _Phase(plan)
         ping = _ping(i, plan.ping_size)
         start = time.perf_counter()
         send(ping)
@@ -227,8 +246,7 @@ def drive(send: Callable[[bytes], object], replies: Iterator[bytes], plan: Plan)
         assert answer[1:] == ping[1:], "reply does not match its ping"
         if i >= plan.warm_up:
             samples.append(elapsed * 1000)
-    p50, p99 = _percentiles(samples)
-    result: dict[str, Any] = {"rtt_p50_ms": p50, "rtt_p99_ms": p99, "tput": {}}
+    result = _round_trips(samples, phase.end())
     for size in plan.sizes:
         send(b"R%d" % plan.messages)
         expect(b"r")
@@ -263,7 +281,10 @@ async def drive_async(
         raise TimeoutError(f"no {tag!r} reply within {plan.timeout} s")
 
     samples = []
+    phase = _Phase(plan)
     for i in range(plan.warm_up + plan.round_trips):
+        if i == plan.warm_up:
+            phase = _Phase(plan)
         ping = _ping(i, plan.ping_size)
         start = time.perf_counter()
         await send(ping)
@@ -272,8 +293,7 @@ async def drive_async(
         assert answer[1:] == ping[1:], "reply does not match its ping"
         if i >= plan.warm_up:
             samples.append(elapsed * 1000)
-    p50, p99 = _percentiles(samples)
-    result: dict[str, Any] = {"rtt_p50_ms": p50, "rtt_p99_ms": p99, "tput": {}}
+    result = _round_trips(samples, phase.end())
     for size in plan.sizes:
         await send(b"R%d" % plan.messages)
         await expect(b"r")
@@ -703,7 +723,7 @@ def _cell(value: float | None, key: str) -> str:
         return "-"
     if key.startswith("tput_"):
         return f"{value:,.0f}"
-    return f"{value:.1f}" if key.endswith("mib") or "_cpu_us_" in key else f"{value:.2f}"
+    return f"{value:.1f}" if key.endswith("mib") or "_cpu_us" in key else f"{value:.2f}"
 
 
 ROWS = [
@@ -716,6 +736,9 @@ ROWS = [
     # Process CPU time (all threads) over a throughput phase ÷ messages. The server is
     # svc up's process (the relay; the account API is a child, idle meanwhile) or SLIM's
     # node.
+    # CPU time over the round trips ÷ round trips (two messages each, one at a time).
+    ("rtt_sender_cpu_us", "sender CPU µs per round trip"),
+    ("rtt_server_cpu_us", "relay / node CPU µs per round trip"),
     ("sender_cpu_us_256", "sender CPU µs per message, 256 B"),
     ("receiver_cpu_us_256", "receiver CPU µs per message, 256 B"),
     ("server_cpu_us_256", "relay / node CPU µs per message, 256 B"),
