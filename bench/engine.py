@@ -100,6 +100,36 @@ class Bench:
             dec.append((time.perf_counter() - start) / len(cts) * 1e6)
         return statistics.median(enc), statistics.median(dec)
 
+    def one_at_a_time(self, size: int) -> tuple[float, float]:
+        """(send µs, receive µs) for one 256 B message per call in a group of ``size``:
+        the sender's ``encrypt_queued`` (its state and the outbox row in one
+        transaction) and a member's ``process`` (its state written) — what a channel's
+        size adds to every message an agent sends or reads one at a time."""
+        sender = self.engine("sender")
+        group = sender.create_group(f"bench/one/{size}/{self.count}".encode())
+        member = self.engine("member")
+        key_packages = [member.generate_key_package()]
+        key_packages += [self.engine("m").generate_key_package() for _ in range(size - 2)]
+        pending = group.add_members(key_packages)
+        group.apply_pending_commit()
+        assert pending.welcome is not None
+        receiver = member.join_group(pending.welcome)
+        payload = b"\x5a" * 256
+        send, receive, pos = [], [], 0
+        for _ in range(self.rounds):
+            cts = []
+            start = time.perf_counter()
+            for _ in range(self.messages):
+                pos += 1
+                cts += group.encrypt_queued([(pos, pos.to_bytes(16, "big"), payload)])[1]
+            send.append((time.perf_counter() - start) / len(cts) * 1e6)
+            group.retire_outbox(pos)
+            start = time.perf_counter()
+            for ct in cts:
+                receiver.process(ct)
+            receive.append((time.perf_counter() - start) / len(cts) * 1e6)
+        return statistics.median(send), statistics.median(receive)
+
     def membership(self, size: int) -> tuple[float, float, int]:
         """(add-member commit µs, join-from-Welcome µs, Welcome bytes) at group ``size``."""
         creator = self.engine("creator")
@@ -172,6 +202,22 @@ def main(argv: list[str] | None = None) -> int:
             median_us(args.rounds, 100, kp_engine.generate_key_package),
             2 * sign_us + 2 * 1e6 / bound["kem_generate"],
         )
+        # One message per call: the bound is the same call in a group of two.
+        pair_send, pair_receive = bench.one_at_a_time(2)
+        for size in [2, *(int(s) for s in args.sizes.split(","))]:
+            send_us, receive_us = (
+                (pair_send, pair_receive) if size == 2 else bench.one_at_a_time(size)
+            )
+            line(
+                f"send 256 B, one per call (state and outbox row), group of {size}",
+                send_us,
+                pair_send,
+            )
+            line(
+                f"receive 256 B, one per call (state written), group of {size}",
+                receive_us,
+                pair_receive,
+            )
         for size in (int(s) for s in args.sizes.split(",")):
             commit_us, join_us, welcome_len = bench.membership(size)
             line(f"add-member commit + apply, group of {size}", commit_us, None)
@@ -179,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "\nBounds, measured above: encrypt = one sign, decrypt = one verify, each over a"
             " message of the same size; key package = two signs (leaf node, package) and two"
-            " HPKE key generations (leaf and init keys)."
+            " HPKE key generations (leaf and init keys); a send or receive in a group = the"
+            " same call in a group of two."
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
