@@ -733,10 +733,11 @@ ROWS = [
     ("rtt_p99_ms", "round trip 256 B, p99 ms"),
     ("maxrss_mib", "sender peak RSS, MiB"),
     ("receiver_maxrss_mib", "receiver peak RSS, MiB"),
-    # Process CPU time (all threads) over a throughput phase ÷ messages. The server is
-    # svc up's process (the relay; the account API is a child, idle meanwhile) or SLIM's
-    # node.
-    # CPU time over the round trips ÷ round trips (two messages each, one at a time).
+    # Process CPU time (all threads) over a phase: the round trips ÷ round trips (two
+    # messages each, one at a time), a throughput phase ÷ messages. The server is svc
+    # up's process (the relay; the account API is a child, idle meanwhile) or SLIM's
+    # node, read from /proc in clock ticks (10 ms): over 500 round trips its figure is
+    # good to about ±40 µs; compare servers with --round-trips 2000 or more.
     ("rtt_sender_cpu_us", "sender CPU µs per round trip"),
     ("rtt_server_cpu_us", "relay / node CPU µs per round trip"),
     ("sender_cpu_us_256", "sender CPU µs per message, 256 B"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from svc_server.relay.hub import (
     frame_item,
     subscription_tail,
 )
+from svc_server.relay.metrics import RelayMetrics
+from svc_server.relay.service import Relay
 from svc_server.relay.store import Entry
 from svc_server.stack import Stack, start_stack, stop_stack
 
@@ -157,6 +160,38 @@ async def test_frames_of_large_messages_stop_at_the_byte_bound() -> None:
     # Sixteen 16 KiB messages reach 256 KiB; small ones fill frames of MAX_BATCH.
     assert [len(f.deliveries.items) for f in frames] == [16] * 6 + [256, 256, 92]
     assert [d.seq for f in frames for d in f.deliveries.items] == list(range(1, 701))
+
+
+async def test_a_writer_with_a_backlog_lets_other_streams_write_between_its_frames() -> None:
+    """A stream with three frames of deliveries waiting writes them a loop turn apart:
+    another stream's frame goes out between them, not after the whole backlog."""
+    written: list[str] = []
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def write(self, frame: bytes) -> None:
+            written.append(self.name)
+
+    relay = SimpleNamespace(metrics=RelayMetrics())
+    busy = SimpleNamespace(closed=None, outbox=Outbox(limit=4096))
+    quiet = SimpleNamespace(closed=None, outbox=Outbox(limit=4096))
+    for seq in range(1, 3 * MAX_BATCH + 1):
+        busy.outbox.offer(encode_item(Entry(CHANNEL, seq, b"s", False, 1, b"m", 0.0)), b"", 0)
+    quiet.outbox.offer(encode_item(Entry(CHANNEL, 1, b"s", False, 1, b"m", 0.0)), b"", 0)
+    writers = [
+        asyncio.ensure_future(Relay._write(relay, busy, Stream("busy"))),
+        asyncio.ensure_future(Relay._write(relay, quiet, Stream("quiet"))),
+    ]
+    try:
+        while len(written) < 4:
+            await asyncio.sleep(0.01)
+    finally:
+        for writer in writers:
+            writer.cancel()
+        await asyncio.gather(*writers, return_exceptions=True)
+    assert written == ["busy", "quiet", "busy", "busy"]
 
 
 async def test_a_catch_up_longer_than_the_buffer_comes_in_pages_that_fit(
