@@ -9,21 +9,48 @@ if TYPE_CHECKING:
     from .config import Settings
 
 
+# uvicorn.run's exit status when the server did not start (uvicorn logged why).
+STARTUP_FAILURE = 3
+
+
 def run_api(args: argparse.Namespace) -> None:
+    import asyncio
+
     import uvicorn
 
+    from svc_sdk.protocol import run_event_loop
+
     from .api import create_app
-    from .api.serving import uvicorn_options
+    from .api.serving import Server, uvicorn_options
     from .heap import settle
+    from .stack import shutdown_requested
 
     settings = _settings(args)
     _ = settings.tls  # fails early, with a clear message, on half or unreadable TLS settings
     app = create_app(settings)
-    settle()
-    print(f"svc account API on {settings.scheme}://{args.host}:{args.port}", flush=True)
-    uvicorn.run(
+    config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, **uvicorn_options(settings)
     )
+    server = Server(config)
+
+    async def main() -> None:
+        serving = asyncio.ensure_future(server.serve())
+        while not server.started:
+            if serving.done():
+                serving.result()  # raises what stopped it
+                raise SystemExit(STARTUP_FAILURE)
+            await asyncio.sleep(0.01)
+        settle()
+        # Said once it serves, with the handlers in place: a supervisor may stop it the
+        # moment it reads the line, and a client may connect.
+        shutdown = asyncio.ensure_future(shutdown_requested().wait())
+        print(f"svc account API on {settings.scheme}://{args.host}:{args.port}", flush=True)
+        await asyncio.wait({serving, shutdown}, return_when=asyncio.FIRST_COMPLETED)
+        shutdown.cancel()
+        server.should_exit = True
+        await serving
+
+    run_event_loop(main())
 
 
 def _settings(args: argparse.Namespace) -> Settings:

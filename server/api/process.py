@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Generator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -141,13 +140,6 @@ def _serve_metrics(conn: Connection, registry: CollectorRegistry) -> None:
 # -- child side ---------------------------------------------------------------------------
 
 
-class _Server(uvicorn.Server):
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        # The parent decides when this process stops, over the control pair.
-        yield
-
-
 class RelayMetricsApp:
     """``/metrics`` in the child: the relay's metrics, fetched from the parent."""
 
@@ -175,7 +167,7 @@ def _child(listen_fd: int, control: Connection, metrics: Connection) -> None:
 
     from ..heap import settle
     from . import create_app
-    from .serving import uvicorn_options
+    from .serving import Server, uvicorn_options
 
     try:
         command, values = control.recv()
@@ -191,7 +183,7 @@ def _child(listen_fd: int, control: Connection, metrics: Connection) -> None:
         config = uvicorn.Config(
             app, log_level="warning", lifespan="off", **uvicorn_options(settings)
         )
-        server = _Server(config)
+        server = Server(config)  # stopped by the parent, over the control pair
     except StartupError as exc:
         control.send(("error", str(exc)))
         return

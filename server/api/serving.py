@@ -3,10 +3,25 @@ one place for the options that are security decisions, not tuning."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Generator
 from typing import Any
+
+import uvicorn
 
 from ..config import Settings
 from .protocol import bounded_protocol
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server without signal handlers of its own: the process that runs it
+    decides when it stops (``should_exit``) — ``svc api`` on SIGINT or SIGTERM, with
+    handlers in place before it says it serves; ``svc up``'s API process when its parent
+    says so."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
 
 
 def uvicorn_options(settings: Settings) -> dict[str, Any]:

@@ -295,6 +295,29 @@ def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, 
     assert out.rstrip().endswith("stopped")
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_svc_api_serves_once_it_says_so_and_stops_on_a_signal_sent_then(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """`svc api` prints its address once it accepts connections, with its signal
+    handlers in place: a request sent on reading the line is answered, and a signal
+    sent right after ends the process cleanly (exit 0), not killed."""
+    port = free_port()
+    proc = start(["api", "--port", str(port), "--data-dir", str(tmp_path / "server")])
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line.startswith("svc account API on "):
+            proc.kill()
+            raise AssertionError(f"svc api did not start: {line}{proc.communicate()[1]}")
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=15)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+
+
 def test_svc_relay_stops_cleanly_on_a_sigterm_sent_as_it_says_it_serves(tmp_path: Path) -> None:
     """A supervisor may stop the relay the moment it reports its address: the signal
     handlers are in place by then, so it closes the relay and exits 0, not killed."""

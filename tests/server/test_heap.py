@@ -88,8 +88,8 @@ def test_a_server_process_freezes_its_start_up_heap(
                 break
         else:
             raise AssertionError(f"{args[0]} did not start: {proc.stderr.read()}")  # type: ignore[union-attr]
-        # SIGINT: svc api prints its line before uvicorn takes over the signals, and
-        # Python's own SIGINT handler still ends the process through atexit.
+        # SIGINT, as Ctrl-C: each server prints its line with its handlers in place, and
+        # exits through atexit.
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=30)
     finally:
