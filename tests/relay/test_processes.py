@@ -295,6 +295,16 @@ def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, 
     assert out.rstrip().endswith("stopped")
 
 
+def said_it_serves(proc: subprocess.Popen[str], prefix: str) -> None:
+    """Reads the server's first line, which must start with ``prefix``; kills it and
+    fails with its stderr otherwise."""
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith(prefix):
+        proc.kill()
+        raise AssertionError(f"{prefix.strip()}: not started: {line}{proc.communicate()[1]}")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_svc_api_serves_once_it_says_so_and_stops_on_a_signal_sent_then(
     tmp_path: Path, sig: signal.Signals
@@ -305,11 +315,7 @@ def test_svc_api_serves_once_it_says_so_and_stops_on_a_signal_sent_then(
     port = free_port()
     proc = start(["api", "--port", str(port), "--data-dir", str(tmp_path / "server")])
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("svc account API on "):
-            proc.kill()
-            raise AssertionError(f"svc api did not start: {line}{proc.communicate()[1]}")
+        said_it_serves(proc, "svc account API on ")
         assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=15)
@@ -323,11 +329,7 @@ def test_svc_relay_stops_cleanly_on_a_sigterm_sent_as_it_says_it_serves(tmp_path
     handlers are in place by then, so it closes the relay and exits 0, not killed."""
     proc = start(["relay", "--port", str(free_port()), "--data-dir", str(tmp_path / "server")])
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line.startswith("svc relay on "):
-            proc.kill()
-            raise AssertionError(f"svc relay did not start: {line}{proc.communicate()[1]}")
+        said_it_serves(proc, "svc relay on ")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=15)
     finally:
