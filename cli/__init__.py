@@ -94,3 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `svc demo | head`: the reader left, nothing to report
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        # Ctrl-C before a command installs its own handlers (a server still starting, a
+        # client command): the user asked for it, so no traceback; 128 + SIGINT, as a
+        # shell reports a process that SIGINT ended.
+        return 130
