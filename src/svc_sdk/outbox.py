@@ -6,7 +6,8 @@ then returns; when nothing is in flight it also queues the frame itself. A pump 
 per channel (while it has work: it ends after PUMP_IDLE_SECONDS without) sends the rest
 in order: what was sent while a frame was on its way leaves in one frame when its Reply
 comes (Nagle's rule), and full frames pipeline, several in flight; each Reply retires
-its messages (their rows are deleted in batches). Every message carries a 16-byte id,
+its messages (their rows are deleted in batches). A Reply that leaves the pump nothing
+to send is taken where it arrives, without waking it. Every message carries a 16-byte id,
 stored with its row, and the relay stores an id at most once per sender and channel, so
 resending after a lost connection, a failover or a restart never duplicates.
 
@@ -103,7 +104,12 @@ class Unencrypted(Exception):
 class Outbox:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # The pump waits on a condition of its own over the same lock: a Reply collected
+        # where it arrives (``_settled``) wakes the callers of wait(), and the pump only
+        # when something is left for it (messages to send, a failure, rows to delete).
+        self._pump_cond = threading.Condition(lock)
         rows = channel._group.outbox()
         self._entries: deque[Entry] = deque(
             Entry(pos, mid, epoch, len(payload), ct) for pos, mid, epoch, payload, ct in rows
@@ -129,6 +135,7 @@ class Outbox:
         self._failed_through = 0  # the last pos dropped with _deferred
         self._stopped = False
         self._retired = self._done_through  # rows deleted up to here
+        self._active = time.monotonic()  # when a Reply last retired something
         self._thread: threading.Thread | None = None
         self._id_prefix = os.urandom(ID_PREFIX_BYTES)
         # Tasks of svc_sdk.aio waiting for room or acknowledgements.
@@ -137,8 +144,10 @@ class Outbox:
             self._start()
 
     def _notify(self) -> None:
-        """Wakes waiting threads and tasks (each on its own loop). Caller holds _cond."""
+        """Wakes waiting threads and tasks (each on its own loop), the pump included.
+        Caller holds _cond."""
         self._cond.notify_all()
+        self._pump_cond.notify()
         self._async_waiters.wake_all()
 
     def _full(self, count: int, size: int) -> bool:
@@ -313,8 +322,21 @@ class Outbox:
             raise
 
     def _settled(self, future: concurrent.futures.Future[pb.Reply]) -> None:
+        """A frame's Reply or failure, on the thread that settled it (the relay loop's).
+        With messages waiting to be sent (Nagle's rule), or a failure, the pump takes
+        it: collecting it here would let the next send() leave alone, ahead of the
+        batch. Otherwise it is taken here, and the pump stays asleep: a sender that
+        waits for each Reply wakes no second thread (a GIL hand-off) per message."""
         with self._cond:
-            self._notify()
+            if self._sent < len(self._entries) or self._halted is not None or self._stopped:
+                self._pump_cond.notify()
+                return
+            if self._collect():
+                self._active = time.monotonic()
+                self._cond.notify_all()
+                self._async_waiters.wake_all()
+            if self._halted is not None or self._done_through - self._retired >= RETIRE_EVERY:
+                self._pump_cond.notify()
 
     def _run(self) -> None:
         try:
@@ -334,25 +356,25 @@ class Outbox:
                 while not self._stopped and not self._work():
                     if self._done_through > self._retired and not idle:
                         # Rows go in one delete per RETIRE_EVERY acknowledged messages, or
-                        # once nothing happened for RETIRE_IDLE_SECONDS: a delete per
-                        # Reply would be a commit per message. A crash before the delete
-                        # resends them, and the relay answers them as repeats.
-                        idle = not self._cond.wait(RETIRE_IDLE_SECONDS)
-                        if idle:
+                        # once no Reply retired anything for RETIRE_IDLE_SECONDS: a delete
+                        # per Reply would be a commit per message. A crash before the
+                        # delete resends them, and the relay answers them as repeats.
+                        left = self._active + RETIRE_IDLE_SECONDS - time.monotonic()
+                        if left <= 0:
+                            idle = True
                             break
+                        self._pump_cond.wait(left)
                         continue
                     if self._quiet():
-                        if not self._cond.wait(PUMP_IDLE_SECONDS) and self._quiet():
+                        if not self._pump_cond.wait(PUMP_IDLE_SECONDS) and self._quiet():
                             self._thread = None  # under _cond: add() starts a new one
                             return
                         continue
-                    self._cond.wait(0.5)
+                    self._pump_cond.wait(0.5)
                 if self._stopped:
                     return
-                if self._collect():
-                    # Callers of wait() woke at the Reply, before this moved
-                    # _done_through: without a wake-up now they would sleep out their
-                    # poll (0.5 s per send_batch).
+                if self._collect():  # Replies _settled left to the pump
+                    self._active = time.monotonic()
                     self._notify()
                 due = self._done_through > self._retired and (
                     idle or self._done_through - self._retired >= RETIRE_EVERY
@@ -469,6 +491,7 @@ class Outbox:
                 break
             frames.append(frame)
             index += len(frame)
+        sent: list[concurrent.futures.Future[pb.Reply]] = []
         for frame in frames:
             try:
                 future = link.send_soon(
@@ -482,10 +505,15 @@ class Outbox:
                 )
             except ChannelClosedError:
                 self._stopped = True
-                return
+                break
             self._inflight.append((len(frame), future))
             self._pinned = generation
             self._sent += len(frame)
+            sent.append(future)
+        # After the loop: a frame that failed at once runs _settled here, which takes it
+        # off _inflight; in the loop, the frames after it would be counted from the wrong
+        # entry.
+        for future in sent:
             future.add_done_callback(self._settled)
 
     def _recover(self, error: BaseException) -> None:

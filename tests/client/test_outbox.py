@@ -315,6 +315,24 @@ def test_sending_stays_ordered_across_reconnects(stack: LocalStack, ids: Any) ->
         assert chan_b.next_message(0.3) is None
 
 
+def test_a_reply_that_leaves_the_pump_nothing_to_do_does_not_need_it(
+    stack: LocalStack, channel_name: str, ids: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that waits for each message's acknowledgement does not wake the pump per
+    Reply: the Reply is taken where it arrives. With a pump that does nothing at all,
+    each message is still acknowledged and its waiting caller woken (its poll is an hour
+    away), in order."""
+    monkeypatch.setattr(outbox, "POLL_SECONDS", 3600.0)
+    monkeypatch.setattr(outbox.Outbox, "_pump", lambda self: None)
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        for i in range(20):
+            chan_a.send(b"m%d" % i)
+            chan_a.wait_stored(10)
+            assert chan_a.unsent == 0
+        assert take(chan_b, 20) == [b"m%d" % i for i in range(20)]
+
+
 def test_a_waiting_sender_is_woken_when_its_messages_are_stored(
     stack: LocalStack, ids: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
