@@ -17,15 +17,25 @@ processes on one machine — at each step, so a round trip splits into:
 It times private hooks of the client (``RelayLink._on_frame``), so it measures this
 version of svc only. The slowest round trips are printed leg by leg: a periodic stall
 shows up as evenly spaced ping numbers.
+
+Then the CPU each thread spent per round trip over the same pings (after the warm-up):
+the two agents' threads by their Python names (``svc-outbox-<channel>`` is a channel's
+outbox pump, ``svc-io`` the relay link's loop) and their native ones by the kernel's,
+and the threads of ``svc up``'s process (the relay) by the kernel's names. Read from
+``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds, not clock ticks); a thread that ends
+during the pings is missed.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import os
 import statistics
 import tempfile
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from e2e import agent_pair  # bench/e2e.py: the same two agents through a fresh svc up
@@ -48,6 +58,34 @@ def _mark_frames(marks: list[float]) -> None:
     relay_link.RelayLink._on_frame = on_frame  # type: ignore[method-assign]
 
 
+def thread_cpu(pid: int | None = None) -> dict[str, int]:
+    """CPU time in ns of each thread of process ``pid`` (this one by default), keyed
+    ``"<tid> <name>"``: this process's Python threads by their Python name."""
+    python_names = {} if pid else {str(t.native_id): t.name for t in threading.enumerate()}
+    tasks = Path(f"/proc/{pid or os.getpid()}/task")
+    spent = {}
+    for task in tasks.iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError):
+            continue  # the thread ended
+        spent[f"{task.name} {python_names.get(task.name, name)}"] = ns
+    return spent
+
+
+def cpu_by_thread(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """ns spent between two ``thread_cpu`` readings, summed by thread name (a channel's
+    name dropped from its pump's)."""
+    spent: dict[str, int] = {}
+    for key, ns in after.items():
+        name = key.split(" ", 1)[1]
+        if name.startswith("svc-outbox-"):
+            name = "svc-outbox (pump)"
+        spent[name] = spent.get(name, 0) + ns - before.get(key, 0)
+    return spent
+
+
 def receiver(stack: dict[str, str], channel: str, conn: Any) -> None:
     from svc_sdk import SvcClient
 
@@ -60,17 +98,20 @@ def receiver(stack: dict[str, str], channel: str, conn: Any) -> None:
         conn.send("ready")
         got: list[float] = []
         sent: list[float] = []
+        cpu: dict[str, int] = {}
         for payload in chan.messages(timeout=60):
             got.append(time.perf_counter())
             if payload == b"X":
                 break
+            if payload[:1] == b"P" and not cpu:  # the first ping after the warm-up
+                cpu = thread_cpu()
             chan.send(b"p" + payload[1:])
             sent.append(time.perf_counter())
-        conn.send((got, sent, frames))
+        conn.send((got, sent, frames, cpu_by_thread(cpu, thread_cpu())))
         client.close()
 
 
-def sender(stack: dict[str, str], channel: str, pings: int, conn: Any) -> None:
+def sender(stack: dict[str, str], channel: str, plan: tuple[int, int], conn: Any) -> None:
     from svc_sdk import SvcClient
 
     frames: list[float] = []
@@ -84,8 +125,14 @@ def sender(stack: dict[str, str], channel: str, pings: int, conn: Any) -> None:
         start: list[float] = []
         returned: list[float] = []
         answered: list[float] = []
+        pings, warm_up = plan
+        relay = int(stack["pid"])
+        cpu: dict[str, int] = {}
+        relay_cpu: dict[str, int] = {}
         for i in range(pings):
-            ping = b"P%08d" % i
+            if i == warm_up:
+                cpu, relay_cpu = thread_cpu(), thread_cpu(relay)
+            ping = (b"W%08d" if i < warm_up else b"P%08d") % i
             ping += b"x" * (PING - len(ping))
             start.append(time.perf_counter())
             chan.send(ping)
@@ -93,9 +140,11 @@ def sender(stack: dict[str, str], channel: str, pings: int, conn: Any) -> None:
             reply = next(replies)
             answered.append(time.perf_counter())
             assert reply[1:] == ping[1:], "reply does not match its ping"
+        spent = cpu_by_thread(cpu, thread_cpu())
+        relay_spent = cpu_by_thread(relay_cpu, thread_cpu(relay))
         chan.send(b"X")
         chan.wait_stored(30)
-        conn.send((start, returned, answered, frames))
+        conn.send((start, returned, answered, frames, spent, relay_spent))
         client.close()
 
 
@@ -109,8 +158,8 @@ LEGS = ("send", "hop out", "receive", "reply send", "hop back", "receive back", 
 
 def legs(sender_marks: Any, receiver_marks: Any, warm_up: int) -> list[tuple[int, list[float]]]:
     """(ping number, the legs in ms) of each ping after the warm-up."""
-    start, returned, answered, s_frames = sender_marks
-    got, sent, r_frames = receiver_marks
+    start, returned, answered, s_frames = sender_marks[:4]
+    got, sent, r_frames = receiver_marks[:3]
     rows = []
     for i in range(warm_up, len(start)):
         arrived = _before(r_frames, got[i])
@@ -137,7 +186,9 @@ def main() -> int:
     if args.pings <= args.warm_up:
         parser.error("--pings must be more than --warm-up")
 
-    sender_marks, receiver_marks = agent_pair("bench/legs", receiver, sender, args.pings)
+    sender_marks, receiver_marks = agent_pair(
+        "bench/legs", receiver, sender, (args.pings, args.warm_up)
+    )
 
     rows = legs(sender_marks, receiver_marks, args.warm_up)
     print(f"Round trips of {PING} B, {len(rows)} after {args.warm_up} warm-up; ms\n")
@@ -151,6 +202,17 @@ def main() -> int:
         print("| ping | " + " | ".join(LEGS) + " |\n|---:|" + "---:|" * len(LEGS))
         for i, times in sorted(rows, key=lambda row: -row[1][-1])[: args.slowest]:
             print(f"| {i} | " + " | ".join(f"{t:.2f}" for t in times) + " |")
+    print(f"\nCPU per round trip by thread, over the same {len(rows)} round trips (µs):\n")
+    print("| process | thread | µs per round trip |\n|---|---|---:|")
+    for process, spent in (
+        ("sender", sender_marks[4]),
+        ("receiver", receiver_marks[3]),
+        ("svc up (relay)", sender_marks[5]),
+    ):
+        for name, ns in sorted(spent.items(), key=lambda item: -item[1]):
+            if ns:
+                print(f"| {process} | {name} | {ns / len(rows) / 1000:.0f} |")
+        print(f"| {process} | **all** | {sum(spent.values()) / len(rows) / 1000:.0f} |")
     return 0
 
 
