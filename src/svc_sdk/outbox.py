@@ -61,8 +61,8 @@ OUTBOX_MESSAGES = 10_000
 OUTBOX_BYTES = 16 * 1024 * 1024  # payload; memory holds the ciphertexts only
 #: Publish frames in flight per channel.
 WINDOW = 8
-# How often a caller of wait() looks again without being woken: a safety net only, every
-# change it waits for wakes it.
+# How often a caller of wait(), or the pump, looks again without being woken: a safety
+# net only, every change either waits for wakes it.
 POLL_SECONDS = 0.5
 MAX_FRAME_MESSAGES = 1024  # the relay's MAX_PUBLISH_BATCH
 # The relay accepts frames up to its message limit plus 64 KiB (1 MiB + 64 KiB by
@@ -136,6 +136,9 @@ class Outbox:
         self._stopped = False
         self._retired = self._done_through  # rows deleted up to here
         self._active = time.monotonic()  # when a Reply last retired something
+        # The pump is waiting out RETIRE_IDLE_SECONDS after _active: a Reply need not
+        # wake it.
+        self._retire_timer = False
         self._thread: threading.Thread | None = None
         self._id_prefix = os.urandom(ID_PREFIX_BYTES)
         # Tasks of svc_sdk.aio waiting for room or acknowledgements.
@@ -328,14 +331,23 @@ class Outbox:
         batch. Otherwise it is taken here, and the pump stays asleep: a sender that
         waits for each Reply wakes no second thread (a GIL hand-off) per message."""
         with self._cond:
-            if self._sent < len(self._entries) or self._halted is not None or self._stopped:
+            if self._stopped:
+                self._notify()  # callers of wait() see it, the pump ends
+                return
+            if self._sent < len(self._entries) or self._halted is not None:
                 self._pump_cond.notify()
                 return
-            if self._collect():
+            collected = self._collect()
+            if collected:
                 self._active = time.monotonic()
                 self._cond.notify_all()
                 self._async_waiters.wake_all()
-            if self._halted is not None or self._done_through - self._retired >= RETIRE_EVERY:
+            if (
+                self._halted is not None
+                or self._done_through - self._retired >= RETIRE_EVERY
+                # Rows to delete, and the pump not yet timing the pause it waits for.
+                or (collected and not self._retire_timer)
+            ):
                 self._pump_cond.notify()
 
     def _run(self) -> None:
@@ -354,23 +366,30 @@ class Outbox:
             with self._cond:
                 idle = False
                 while not self._stopped and not self._work():
-                    if self._done_through > self._retired and not idle:
-                        # Rows go in one delete per RETIRE_EVERY acknowledged messages, or
-                        # once no Reply retired anything for RETIRE_IDLE_SECONDS: a delete
-                        # per Reply would be a commit per message. A crash before the
-                        # delete resends them, and the relay answers them as repeats.
+                    # Rows go in one delete per RETIRE_EVERY acknowledged messages, or
+                    # once no Reply retired anything for RETIRE_IDLE_SECONDS: a delete
+                    # per Reply would be a commit per message. A crash before the delete
+                    # resends them, and the relay answers them as repeats.
+                    behind = self._done_through - self._retired
+                    if behind >= RETIRE_EVERY:
+                        break
+                    if behind > 0 and not idle:
                         left = self._active + RETIRE_IDLE_SECONDS - time.monotonic()
                         if left <= 0:
                             idle = True
                             break
-                        self._pump_cond.wait(left)
+                        self._retire_timer = True
+                        try:
+                            self._pump_cond.wait(left)
+                        finally:
+                            self._retire_timer = False
                         continue
                     if self._quiet():
                         if not self._pump_cond.wait(PUMP_IDLE_SECONDS) and self._quiet():
                             self._thread = None  # under _cond: add() starts a new one
                             return
                         continue
-                    self._pump_cond.wait(0.5)
+                    self._pump_cond.wait(POLL_SECONDS)
                 if self._stopped:
                     return
                 if self._collect():  # Replies _settled left to the pump

@@ -333,6 +333,47 @@ def test_a_reply_that_leaves_the_pump_nothing_to_do_does_not_need_it(
         assert take(chan_b, 20) == [b"m%d" % i for i in range(20)]
 
 
+def rows_left(data_dir: Path, expected: int, what: str) -> None:
+    """Waits (up to 20 s) until the outbox holds ``expected`` rows."""
+    deadline = time.monotonic() + 20
+    while queued(data_dir) != expected:
+        assert time.monotonic() < deadline, f"{what}: {queued(data_dir)} rows left"
+        time.sleep(0.02)
+
+
+def test_a_sender_that_waits_for_each_reply_deletes_rows_every_256(
+    stack: LocalStack, ids: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows go in one delete per 256 acknowledged messages even when the sender never
+    pauses: a Reply taken where it arrives still wakes the pump for that delete. (The
+    other rule, a pause of RETIRE_IDLE_SECONDS, is an hour away here.)"""
+    monkeypatch.setattr(outbox, "RETIRE_IDLE_SECONDS", 3600.0)
+    with client(stack, ids("a")) as ca:
+        chan = ca.create_channel(f"acme/tests/retire-every-{time.monotonic_ns()}")
+        for i in range(300):
+            chan.send(b"m%d" % i)
+            chan.wait_stored(10)
+        rows_left(stack.agent_dir(ids("a")), 300 - outbox.RETIRE_EVERY, "no delete at 256")
+
+
+def test_rows_are_deleted_after_a_pause_though_the_pump_was_asleep(
+    stack: LocalStack, ids: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message sent while the pump sleeps (its next look an hour away) leaves without
+    waking it; its Reply, taken where it arrives, must wake it so that its row is
+    deleted after the pause, not at the pump's next look."""
+    monkeypatch.setattr(outbox, "PUMP_IDLE_SECONDS", 3600.0)
+    monkeypatch.setattr(outbox, "POLL_SECONDS", 3600.0)
+    monkeypatch.setattr(outbox, "RETIRE_IDLE_SECONDS", 0.01)
+    with client(stack, ids("a")) as ca:
+        chan = ca.create_channel(f"acme/tests/retire-idle-{time.monotonic_ns()}")
+        data_dir = stack.agent_dir(ids("a"))
+        for i in range(3):
+            chan.send(b"m%d" % i)
+            chan.wait_stored(10)
+            rows_left(data_dir, 0, f"message {i} not deleted")
+
+
 def test_a_waiting_sender_is_woken_when_its_messages_are_stored(
     stack: LocalStack, ids: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
