@@ -11,6 +11,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from ..support import RunningApi
 
 
@@ -179,3 +181,18 @@ def _help(command: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_ctrl_c_in_a_command_exits_130_without_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A KeyboardInterrupt out of a command (the user pressed Ctrl-C) ends it with 128 +
+    SIGINT, as a shell reports an interrupted command, and says nothing more."""
+    import svc_cli
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(svc_cli, "_mcp", interrupted)
+    assert svc_cli.main(["mcp"]) == 130
+    assert capsys.readouterr().err == ""
