@@ -365,6 +365,7 @@ class Outbox:
         while True:
             with self._cond:
                 idle = False
+                patience = RETIRE_IDLE_SECONDS
                 while not self._stopped and not self._work():
                     # Rows go in one delete per RETIRE_EVERY acknowledged messages, or
                     # once no Reply retired anything for RETIRE_IDLE_SECONDS: a delete
@@ -378,11 +379,15 @@ class Outbox:
                         if left <= 0:
                             idle = True
                             break
+                        # While Replies keep coming, look less and less often (up to
+                        # POLL_SECONDS): a look per pause would be a wake-up per Reply
+                        # again, and the count rule deletes meanwhile.
                         self._retire_timer = True
                         try:
-                            self._pump_cond.wait(left)
+                            self._pump_cond.wait(max(left, patience))
                         finally:
                             self._retire_timer = False
+                        patience = min(patience * 2, POLL_SECONDS)
                         continue
                     if self._quiet():
                         if not self._pump_cond.wait(PUMP_IDLE_SECONDS) and self._quiet():
