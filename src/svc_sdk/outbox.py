@@ -71,6 +71,8 @@ MAX_FRAME_BYTES = 960 * 1024
 RETRY_SECONDS = 0.05
 RETIRE_EVERY = 256
 RETIRE_IDLE_SECONDS = 0.005
+# The longest the pump waits between looks for that pause while Replies keep coming.
+RETIRE_PATIENCE_SECONDS = 0.5
 # A pump with nothing to do for this long ends its thread; the next send starts another.
 # An agent in many channels then holds threads only for the ones it is sending on.
 PUMP_IDLE_SECONDS = 2.0
@@ -380,14 +382,14 @@ class Outbox:
                             idle = True
                             break
                         # While Replies keep coming, look less and less often (up to
-                        # POLL_SECONDS): a look per pause would be a wake-up per Reply
-                        # again, and the count rule deletes meanwhile.
+                        # RETIRE_PATIENCE_SECONDS): a look per pause would be a wake-up
+                        # per Reply again, and the count rule deletes meanwhile.
                         self._retire_timer = True
                         try:
                             self._pump_cond.wait(max(left, patience))
                         finally:
                             self._retire_timer = False
-                        patience = min(patience * 2, POLL_SECONDS)
+                        patience = min(patience * 2, RETIRE_PATIENCE_SECONDS)
                         continue
                     if self._quiet():
                         if not self._pump_cond.wait(PUMP_IDLE_SECONDS) and self._quiet():
