@@ -48,9 +48,14 @@ CREATE TABLE IF NOT EXISTS messages (
     epoch INTEGER NOT NULL,
     message BLOB NOT NULL,
     stored_at REAL NOT NULL,
+    -- Publish.message_id, for dedupe (NULL for commits and id-less publishes): kept
+    -- with the message, so retention removes both in one delete.
+    id BLOB,
     PRIMARY KEY (channel, seq)
 );
 CREATE INDEX IF NOT EXISTS messages_stored_at ON messages (stored_at);
+CREATE UNIQUE INDEX IF NOT EXISTS messages_id ON messages (channel, sender, id)
+    WHERE id IS NOT NULL;
 -- A commit's Welcome is stored once, whatever the number of joiners it is for.
 CREATE TABLE IF NOT EXISTS welcome_blobs (
     channel TEXT NOT NULL,
@@ -67,17 +72,6 @@ CREATE TABLE IF NOT EXISTS welcome_recipients (
     PRIMARY KEY (recipient, channel, seq)
 ) WITHOUT ROWID;
 DROP TABLE IF EXISTS welcomes;
--- Message ids (Publish.message_id) each sender stored in each channel, for dedupe; kept
--- as long as the messages (trim removes both).
-CREATE TABLE IF NOT EXISTS message_ids (
-    channel TEXT NOT NULL,
-    sender BLOB NOT NULL,
-    id BLOB NOT NULL,
-    seq INTEGER NOT NULL,
-    stored_at REAL NOT NULL,
-    PRIMARY KEY (channel, sender, id)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS message_ids_stored_at ON message_ids (stored_at);
 -- The relay's tracked MLS group of each channel; version counts every stored change.
 CREATE TABLE IF NOT EXISTS groups (
     channel TEXT PRIMARY KEY,
@@ -95,10 +89,17 @@ BEGIN IMMEDIATE;
 ALTER TABLE messages RENAME TO messages_without_rowid;
 DROP INDEX IF EXISTS messages_stored_at;
 {schema}
-INSERT INTO messages SELECT * FROM messages_without_rowid ORDER BY channel, seq;
+INSERT INTO messages (channel, seq, sender, handshake, epoch, message, stored_at)
+    SELECT channel, seq, sender, handshake, epoch, message, stored_at
+    FROM messages_without_rowid ORDER BY channel, seq;
 DROP TABLE messages_without_rowid;
 COMMIT;
 """
+
+# Message ids were a table of their own (with an index on stored_at for retention): two
+# more b-trees, and a statement more, in every append. _migrate_ids moves the ids of logs
+# written before into messages.id.
+MIGRATE_IDS_CHUNK = 1000
 
 # The most a write may carry to be committed on the event loop (see _enqueue).
 INLINE_MAX_BYTES = 64 * 1024
@@ -130,6 +131,34 @@ def _migrate(conn: sqlite3.Connection) -> None:
         return
     try:
         conn.executescript(MIGRATE_MESSAGES.format(schema=SCHEMA))
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _migrate_ids(conn: sqlite3.Connection) -> None:
+    """Gives ``messages`` its ``id`` column, and moves the ids of a log written with a
+    ``message_ids`` table into it, in one transaction."""
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    if "messages" not in tables:
+        return  # a new log: SCHEMA makes it
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+    if "id" in columns and "message_ids" not in tables:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if "id" not in columns:
+            conn.execute("ALTER TABLE messages ADD COLUMN id BLOB")
+        if "message_ids" in tables:
+            rows = conn.execute("SELECT id, channel, seq, sender FROM message_ids")
+            while chunk := rows.fetchmany(MIGRATE_IDS_CHUNK):
+                conn.executemany(
+                    "UPDATE messages SET id = ? WHERE channel = ? AND seq = ? AND sender = ?",
+                    chunk,
+                )
+            conn.execute("DROP TABLE message_ids")  # and its index
+        conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
@@ -168,6 +197,7 @@ class SqliteLogStore:
             os.close(os.open(self._path, os.O_CREAT | os.O_WRONLY, 0o600))
         conn = _connect(self._path, self._sync)
         _migrate(conn)
+        _migrate_ids(conn)
         conn.executescript(SCHEMA)
         self._conn = conn
         self._writer = threading.Thread(
@@ -337,7 +367,7 @@ class SqliteLogStore:
                 chunk = ids[start : start + ID_LOOKUP_CHUNK]
                 marks = ",".join("?" * len(chunk))  # placeholders only: every value is bound
                 select = (
-                    "SELECT id, seq FROM message_ids WHERE channel = ? AND sender = ? "  # noqa: S608
+                    "SELECT id, seq FROM messages WHERE channel = ? AND sender = ? "  # noqa: S608
                     f"AND id IN ({marks})"
                 )
                 known.update(conn.execute(select, (channel, sender, *chunk)).fetchall())
@@ -358,15 +388,17 @@ class SqliteLogStore:
             ]
             if stored:
                 conn.executemany(
-                    "INSERT INTO messages VALUES (?, ?, ?, 0, ?, ?, ?)",
-                    [(channel, e.seq, sender, e.epoch, e.message, now) for e in stored],
+                    "INSERT INTO messages VALUES (?, ?, ?, 0, ?, ?, ?, ?)",
+                    [
+                        (channel, e.seq, sender, e.epoch, e.message, now, ids[i] if ids else None)
+                        for e, i in zip(stored, fresh, strict=True)
+                    ],
                 )
                 conn.execute(
                     "UPDATE channels SET head_seq = ? WHERE name = ?", (stored[-1].seq, channel)
                 )
             result: list[Entry] = []
             new = iter(stored)
-            id_rows = []
             for i, (message, epoch) in enumerate(messages):
                 if ids and ids[i] in known:
                     result.append(Entry(channel, known[ids[i]], sender, False, epoch, message, now))
@@ -376,11 +408,6 @@ class SqliteLogStore:
                 if ids:
                     # A repeated id inside one frame is stored once, like a resend.
                     known[ids[i]] = entry.seq
-                    id_rows.append((channel, sender, ids[i], entry.seq, now))
-            if id_rows:
-                conn.executemany(
-                    "INSERT OR IGNORE INTO message_ids VALUES (?, ?, ?, ?, ?)", id_rows
-                )
             return result, stored, []
 
         return self._enqueue(op, sum(len(m) for m, _ in messages))
@@ -459,7 +486,7 @@ class SqliteLogStore:
     @staticmethod
     def _insert(conn: sqlite3.Connection, e: Entry) -> None:
         conn.execute(
-            "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
             (e.channel, e.seq, e.sender, int(e.handshake), e.epoch, e.message, e.stored_at),
         )
 
@@ -480,7 +507,6 @@ class SqliteLogStore:
                 (older_than,),
             )
             conn.execute("DELETE FROM welcome_blobs WHERE stored_at < ?", (older_than,))
-            conn.execute("DELETE FROM message_ids WHERE stored_at < ?", (older_than,))
             return removed.rowcount, [], []
 
         result: int = await self._write(op, size=INLINE_MAX_BYTES + 1)  # unbounded work

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from svc_server.relay import redis_store, sqlite_checkpoints, sqlite_store
+from svc_server.relay import redis_store, sqlite_checkpoints
 from svc_server.relay.redis_store import RedisLogStore
 from svc_server.relay.sqlite_checkpoints import Checkpointer
 from svc_server.relay.sqlite_store import INLINE_MAX_BYTES, SqliteLogStore
@@ -451,53 +451,92 @@ async def test_repeats_are_found_in_a_full_frame_of_ids(store: LogStore) -> None
     assert await store.head("a/b/c") == (1024, 0)
 
 
-async def test_a_log_with_the_without_rowid_layout_is_moved_to_rowids(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Logs written before the rowid layout keep every message, in order, and go on
-    from the same head; the table and its index are in the new layout afterwards."""
-    path = tmp_path / "relay.sqlite3"
-    old_schema = sqlite_store.SCHEMA.replace(
-        "PRIMARY KEY (channel, seq)\n);", "PRIMARY KEY (channel, seq)\n) WITHOUT ROWID;"
-    )
-    assert old_schema.count("WITHOUT ROWID") == sqlite_store.SCHEMA.count("WITHOUT ROWID") + 1
-    monkeypatch.setattr(sqlite_store, "SCHEMA", old_schema)
-    monkeypatch.setattr(sqlite_store, "_migrate", lambda conn: None)
-    old = SqliteLogStore(path)
-    await old.start()
-    try:
-        await old.append_many("a/b/c", b"s", [(b"m1", 0), (b"m2" * 10_000, 0)], [b"i1", b"i2"])
-        await old.append("a/b/d", b"t", b"other", 0)
-    finally:
-        await old.close()
-    monkeypatch.undo()
+# The layout of logs written before message ids moved into ``messages`` (and, with
+# ``without_rowid``, before messages moved to a rowid table).
+EARLIER_LAYOUT = """
+CREATE TABLE channels (
+    name TEXT PRIMARY KEY, head_seq INTEGER NOT NULL DEFAULT 0,
+    epoch INTEGER NOT NULL DEFAULT 0, trimmed_through INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+CREATE TABLE messages (
+    channel TEXT NOT NULL, seq INTEGER NOT NULL, sender BLOB NOT NULL,
+    handshake INTEGER NOT NULL, epoch INTEGER NOT NULL, message BLOB NOT NULL,
+    stored_at REAL NOT NULL, PRIMARY KEY (channel, seq)
+){rowid};
+CREATE INDEX messages_stored_at ON messages (stored_at);
+CREATE TABLE message_ids (
+    channel TEXT NOT NULL, sender BLOB NOT NULL, id BLOB NOT NULL, seq INTEGER NOT NULL,
+    stored_at REAL NOT NULL, PRIMARY KEY (channel, sender, id)
+) WITHOUT ROWID;
+CREATE INDEX message_ids_stored_at ON message_ids (stored_at);
+"""
 
-    def layout() -> tuple[str, str | None]:
+
+@pytest.mark.parametrize("without_rowid", [False, True], ids=["message_ids", "without_rowid"])
+async def test_a_log_of_an_earlier_layout_is_moved_to_the_current_one(
+    tmp_path: Path, without_rowid: bool
+) -> None:
+    """Logs written before keep every message, in order, and every id (a repeat is still
+    answered with its seq); they go on from the same head, and retention still trims
+    them. Afterwards ids are a column of ``messages`` and ``message_ids`` is gone."""
+    path = tmp_path / "relay.sqlite3"
+    now = time.time()
+    big = b"m2" * 10_000
+    with sqlite3.connect(path) as conn:
+        conn.executescript(EARLIER_LAYOUT.format(rowid=" WITHOUT ROWID" if without_rowid else ""))
+        conn.executemany(
+            "INSERT INTO messages VALUES (?, ?, ?, ?, 0, ?, ?)",
+            [
+                ("a/b/c", 1, b"s", 0, b"m1", now),
+                ("a/b/c", 2, b"s", 0, big, now),
+                ("a/b/c", 3, b"c", 1, b"commit", now),
+                ("a/b/d", 1, b"t", 0, b"other", now),
+            ],
+        )
+        conn.executemany(
+            "INSERT INTO message_ids VALUES (?, ?, ?, ?, ?)",
+            [("a/b/c", b"s", b"i1", 1, now), ("a/b/c", b"s", b"i2", 2, now)],
+        )
+        conn.executemany(
+            "INSERT INTO channels (name, head_seq) VALUES (?, ?)", [("a/b/c", 3), ("a/b/d", 1)]
+        )
+    conn.close()
+
+    def layout() -> tuple[str, set[str], dict[str, str]]:
         with sqlite3.connect(path) as conn:
             table = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'messages'")
-            index = conn.execute(
-                "SELECT tbl_name FROM sqlite_master WHERE name = 'messages_stored_at'"
-            ).fetchone()
-            return table.fetchone()[0], index[0] if index else None
+            tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
+            indexes = dict(
+                conn.execute("SELECT name, tbl_name FROM sqlite_master WHERE type = 'index'")
+            )
+            sql = table.fetchone()[0]
+        conn.close()
+        return sql, tables, indexes
 
-    assert "WITHOUT ROWID" in layout()[0]
     for _ in range(2):  # the second start finds nothing to move
         store = SqliteLogStore(path)
         await store.start()
         try:
-            table, index_on = layout()
-            assert "WITHOUT ROWID" not in table and index_on == "messages"
+            sql, tables, indexes = layout()
+            assert "WITHOUT ROWID" not in sql and "id BLOB" in sql
+            assert "message_ids" not in tables
+            assert indexes["messages_stored_at"] == indexes["messages_id"] == "messages"
             stored = [(e.seq, e.message) for e in await store.read("a/b/c", 0, 10)]
-            assert stored[0] == (1, b"m1") and stored[1] == (2, b"m2" * 10_000)
-            repeat = await store.append_many("a/b/c", b"s", [(b"m2", 0)], [b"i2"])
-            assert [e.seq for e in repeat] == [2], "the ids moved with the log"
+            assert stored == [(1, b"m1"), (2, big), (3, b"commit")]
+            repeat = await store.append_many("a/b/c", b"s", [(b"x", 0), (b"y", 0)], [b"i2", b"i1"])
+            assert [e.seq for e in repeat] == [2, 1], "the ids moved with the log"
             assert [e.message for e in await store.read("a/b/d", 0, 10)] == [b"other"]
         finally:
             await store.close()
     store = SqliteLogStore(path)
     await store.start()
     try:
-        assert (await store.append("a/b/c", b"s", b"m3", 0)).seq == 3
-        assert await store.head("a/b/c") == (3, 0)
+        assert (await store.append_many("a/b/c", b"s", [(b"m4", 0)], [b"i4"]))[0].seq == 4
+        assert await store.head("a/b/c") == (4, 0)
+        assert await store.trim(time.time() + 1) == 5
+        with pytest.raises(CursorExpired):
+            await store.read("a/b/c", 0, 10)
+        fresh = await store.append_many("a/b/c", b"s", [(b"m5", 0)], [b"i4"])
+        assert [e.seq for e in fresh] == [5], "a trimmed message's id goes with it"
     finally:
         await store.close()
