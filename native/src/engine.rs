@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use mls_rs::client_builder::{
-    BaseSqlConfig, WithCryptoProvider, WithGroupStateStorage, WithIdentityProvider, WithMlsRules,
+    BaseSqlConfig, WithCryptoProvider, WithGroupStateStorage, WithIdentityProvider, WithKeyPackageRepo, WithMlsRules,
 };
 use mls_rs::identity::{Credential, SigningIdentity};
 use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList};
@@ -23,6 +23,7 @@ use crate::error::{EngineError, Result};
 use crate::group::GroupHandle;
 use crate::group_store::GroupStore;
 use crate::identity::{member_id, SvcIdentityProvider};
+use crate::key_packages::KeyPackages;
 use crate::message::{expect_kind, parse};
 use crate::policy::{initial_extensions, SvcRules, ROLES_EXTENSION};
 use crate::state_key::{self, StateKey};
@@ -33,7 +34,10 @@ use mls_rs_core::error::IntoAnyError;
 pub type Crypto = mls_rs_crypto_awslc::AwsLcCryptoProvider;
 pub type Config = WithIdentityProvider<
     SvcIdentityProvider,
-    WithCryptoProvider<Crypto, WithMlsRules<SvcRules, WithGroupStateStorage<GroupStore, BaseSqlConfig>>>,
+    WithCryptoProvider<
+        Crypto,
+        WithMlsRules<SvcRules, WithGroupStateStorage<GroupStore, WithKeyPackageRepo<KeyPackages, BaseSqlConfig>>>,
+    >,
 >;
 pub type MlsClient = Client<Config>;
 
@@ -596,6 +600,7 @@ fn build_client(
 ) -> Result<MlsClient> {
     let builder = mls_rs::client_builder::ClientBuilder::new_sqlite(storage::storage_engine(db, key))
         .map_err(|e| EngineError::Storage(e.to_string()))?
+        .key_package_repo(groups.key_packages())
         .group_state_storage(groups.clone())
         .extension_type(mls_rs_core::extension::ExtensionType::new(ROLES_EXTENSION))
         .mls_rules(SvcRules)

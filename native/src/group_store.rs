@@ -20,6 +20,7 @@ use zeroize::Zeroizing;
 
 use crate::checkpoints::{pages_for, Checkpointer};
 use crate::error::{EngineError, Result};
+use crate::key_packages::KeyPackages;
 
 /// How many prior epochs a group keeps, as mls-rs-provider-sqlite's default.
 const EPOCH_RETENTION: u64 = 3;
@@ -66,6 +67,7 @@ pub struct OutboxRow {
 pub struct GroupStore {
     conn: Arc<Mutex<Connection>>,
     checkpoints: Arc<Checkpointer>,
+    key_packages: KeyPackages,
     /// Rows to write with the next state write of their group, by group id. Only a
     /// caller holding that group's lock stages rows, so no other write of the group can
     /// take them.
@@ -109,15 +111,22 @@ impl GroupStore {
         let conn = Arc::new(Mutex::new(conn));
         let checkpoints = Checkpointer::start(crate::storage::open_connection(db, key)?, conn.clone())
             .map_err(|e| EngineError::Storage(format!("cannot start the checkpoint thread: {e}")))?;
+        let checkpoints = Arc::new(checkpoints);
         Ok(Self {
+            key_packages: KeyPackages::new(conn.clone(), checkpoints.clone()),
             conn,
-            checkpoints: Arc::new(checkpoints),
+            checkpoints,
             staged: Arc::default(),
         })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The key package storage for this store's clients (one set of deleted ids for all).
+    pub fn key_packages(&self) -> KeyPackages {
+        self.key_packages.clone()
     }
 
     fn staged(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Vec<OutboxRow>>> {

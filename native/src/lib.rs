@@ -15,6 +15,7 @@ pub mod error;
 pub mod group;
 pub mod group_store;
 pub mod identity;
+pub mod key_packages;
 pub mod local_state;
 pub mod message;
 pub mod policy;

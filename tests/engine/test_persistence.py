@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from svc_sdk.mls import Engine
@@ -85,3 +87,46 @@ def test_pending_commit_survives_restart(tmp_path: Path) -> None:
     # The relay's echo of the accepted commit applies it after the restart.
     assert group.process(commit).added == [member_id("bob")]
     assert group.epoch == 1
+
+
+def test_a_joined_group_deletes_its_key_package_once(
+    make_engine: Callable[[str], Engine],
+) -> None:
+    """Joining erases the key package's secrets; the group's later writes leave the key
+    package table alone (mls-rs asks for the delete again at every write of a group it
+    joined, which was a statement and a commit of their own per message)."""
+    alice, bob = make_engine("alice"), make_engine("bob")
+    key_package = bob.generate_key_package()
+    db = str(bob.data_dir / "mls.sqlite3")
+
+    def sql(statement: str, *args: str) -> list[list[str]]:
+        """Runs ``statement`` from another process: a second SQLite library in this one
+        would not see the engine's locks."""
+        script = (
+            "import sqlite3, sys, json; conn = sqlite3.connect(sys.argv[1]);"
+            "args = [bytes.fromhex(a) for a in sys.argv[3:]];"
+            "rows = conn.execute(sys.argv[2], args).fetchall(); conn.commit();"
+            "print(json.dumps([[v.hex() if isinstance(v, bytes) else v for v in r] for r in rows]))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script, db, statement, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return json.loads(done.stdout)
+
+    (stored,) = sql("SELECT id, data FROM key_package")
+    group = alice.create_group(b"org/ns/svc")
+    pending = group.add_members([key_package])
+    group.apply_pending_commit()
+    assert pending.welcome is not None
+    joined = bob.join_group(pending.welcome)
+    assert sql("SELECT id FROM key_package") == [], "joining erases the key package's secrets"
+    # The row back, behind the engine's back: a repeated delete would take it again.
+    sql("INSERT INTO key_package VALUES (?, 0, ?)", *stored)
+    for n in range(3):
+        assert joined.process(group.encrypt(b"ping %d" % n)).data == b"ping %d" % n
+        assert group.process(joined.encrypt(b"pong %d" % n)).data == b"pong %d" % n
+    assert sql("SELECT id, data FROM key_package") == [stored]
