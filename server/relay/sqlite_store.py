@@ -83,9 +83,8 @@ CREATE TABLE IF NOT EXISTS groups (
 # Messages are stored in a rowid table: in a WITHOUT ROWID table each row lives in the
 # primary key's b-tree, and SQLite reads a whole overflowing row (a 16 KiB message) into
 # memory for every key comparison of an insert. Logs written before hold a WITHOUT ROWID
-# table; _migrate moves its rows in one transaction.
+# table; _migrate moves its rows.
 MIGRATE_MESSAGES = """
-BEGIN IMMEDIATE;
 ALTER TABLE messages RENAME TO messages_without_rowid;
 DROP INDEX IF EXISTS messages_stored_at;
 {schema}
@@ -93,11 +92,10 @@ INSERT INTO messages (channel, seq, sender, handshake, epoch, message, stored_at
     SELECT channel, seq, sender, handshake, epoch, message, stored_at
     FROM messages_without_rowid ORDER BY channel, seq;
 DROP TABLE messages_without_rowid;
-COMMIT;
 """
 
 # Message ids were a table of their own (with an index on stored_at for retention): two
-# more b-trees, and a statement more, in every append. _migrate_ids moves the ids of logs
+# more b-trees, and a statement more, in every append. _migrate moves the ids of logs
 # written before into messages.id.
 MIGRATE_IDS_CHUNK = 1000
 
@@ -121,48 +119,66 @@ def _connect(path: Path, sync: str) -> sqlite3.Connection:
     return conn
 
 
+def _statements(script: str) -> list[str]:
+    """The SQL statements of ``script``, in order, each with the comments before it."""
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            statements.append(current)
+            current = ""
+    return statements
+
+
 def _migrate(conn: sqlite3.Connection) -> None:
-    """Moves a log written with a WITHOUT ROWID ``messages`` table to the rowid layout."""
-    row = conn.execute(
-        "SELECT sql LIKE '%WITHOUT ROWID%' FROM sqlite_master"
-        " WHERE type = 'table' AND name = 'messages'"
-    ).fetchone()
-    if row is None or not row[0]:
-        return
-    try:
-        conn.executescript(MIGRATE_MESSAGES.format(schema=SCHEMA))
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def _migrate_ids(conn: sqlite3.Connection) -> None:
-    """Gives ``messages`` its ``id`` column, and moves the ids of a log written with a
-    ``message_ids`` table into it, in one transaction."""
-    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
-    if "messages" not in tables:
-        return  # a new log: SCHEMA makes it
-    columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
-    if "id" in columns and "message_ids" not in tables:
-        return
+    """Moves a log of an earlier layout to the current one in one transaction: a WITHOUT
+    ROWID ``messages`` table to a rowid table, then the ids of a ``message_ids`` table
+    into ``messages.id``. The layout is read under the write lock, so a second relay
+    starting on the same log meanwhile finds the work done. The moved rows are rewritten
+    (up to the log's size in the WAL), so the WAL is checkpointed and emptied after."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        if "id" not in columns:
-            conn.execute("ALTER TABLE messages ADD COLUMN id BLOB")
-        if "message_ids" in tables:
-            rows = conn.execute("SELECT id, channel, seq, sender FROM message_ids")
-            while chunk := rows.fetchmany(MIGRATE_IDS_CHUNK):
-                conn.executemany(
-                    "UPDATE messages SET id = ? WHERE channel = ? AND seq = ? AND sender = ?",
-                    chunk,
-                )
-            conn.execute("DROP TABLE message_ids")  # and its index
+        moved = _move_to_rowids(conn)
+        moved = _move_ids(conn) or moved
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    if moved:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _move_to_rowids(conn: sqlite3.Connection) -> bool:
+    row = conn.execute(
+        "SELECT sql LIKE '%WITHOUT ROWID%' FROM sqlite_master"
+        " WHERE type = 'table' AND name = 'messages'"
+    ).fetchone()
+    if row is None or not row[0]:
+        return False
+    for statement in _statements(MIGRATE_MESSAGES.format(schema=SCHEMA)):
+        conn.execute(statement)
+    return True
+
+
+def _move_ids(conn: sqlite3.Connection) -> bool:
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    if "messages" not in tables:
+        return False  # a new log: SCHEMA makes it
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+    if "id" in columns and "message_ids" not in tables:
+        return False
+    if "id" not in columns:
+        conn.execute("ALTER TABLE messages ADD COLUMN id BLOB")
+    if "message_ids" in tables:
+        rows = conn.execute("SELECT id, channel, seq, sender FROM message_ids")
+        while chunk := rows.fetchmany(MIGRATE_IDS_CHUNK):
+            conn.executemany(
+                "UPDATE messages SET id = ? WHERE channel = ? AND seq = ? AND sender = ?",
+                chunk,
+            )
+        conn.execute("DROP TABLE message_ids")  # and its index
+    return True
 
 
 def _entry(channel: str, row: tuple[Any, ...]) -> Entry:
@@ -197,7 +213,6 @@ class SqliteLogStore:
             os.close(os.open(self._path, os.O_CREAT | os.O_WRONLY, 0o600))
         conn = _connect(self._path, self._sync)
         _migrate(conn)
-        _migrate_ids(conn)
         conn.executescript(SCHEMA)
         self._conn = conn
         self._writer = threading.Thread(
@@ -388,7 +403,8 @@ class SqliteLogStore:
             ]
             if stored:
                 conn.executemany(
-                    "INSERT INTO messages VALUES (?, ?, ?, 0, ?, ?, ?, ?)",
+                    "INSERT INTO messages (channel, seq, sender, handshake, epoch, message,"
+                    " stored_at, id) VALUES (?, ?, ?, 0, ?, ?, ?, ?)",
                     [
                         (channel, e.seq, sender, e.epoch, e.message, now, ids[i] if ids else None)
                         for e, i in zip(stored, fresh, strict=True)
@@ -486,7 +502,8 @@ class SqliteLogStore:
     @staticmethod
     def _insert(conn: sqlite3.Connection, e: Entry) -> None:
         conn.execute(
-            "INSERT INTO messages VALUES (?, ?, ?, ?, ?, ?, ?, NULL)",
+            "INSERT INTO messages (channel, seq, sender, handshake, epoch, message, stored_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (e.channel, e.seq, e.sender, int(e.handshake), e.epoch, e.message, e.stored_at),
         )
 

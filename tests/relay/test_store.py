@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
 import time
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from svc_server.relay import redis_store, sqlite_checkpoints
+from svc_server.relay import redis_store, sqlite_checkpoints, sqlite_store
 from svc_server.relay.redis_store import RedisLogStore
 from svc_server.relay.sqlite_checkpoints import Checkpointer
 from svc_server.relay.sqlite_store import INLINE_MAX_BYTES, SqliteLogStore
@@ -472,23 +473,19 @@ CREATE INDEX message_ids_stored_at ON message_ids (stored_at);
 """
 
 
-@pytest.mark.parametrize("without_rowid", [False, True], ids=["message_ids", "without_rowid"])
-async def test_a_log_of_an_earlier_layout_is_moved_to_the_current_one(
-    tmp_path: Path, without_rowid: bool
-) -> None:
-    """Logs written before keep every message, in order, and every id (a repeat is still
-    answered with its seq); they go on from the same head, and retention still trims
-    them. Afterwards ids are a column of ``messages`` and ``message_ids`` is gone."""
-    path = tmp_path / "relay.sqlite3"
+BIG = b"m2" * 10_000
+
+
+def _write_earlier_log(path: Path, without_rowid: bool) -> None:
+    """A log of EARLIER_LAYOUT: two channels, ids for two of a/b/c's messages."""
     now = time.time()
-    big = b"m2" * 10_000
     with sqlite3.connect(path) as conn:
         conn.executescript(EARLIER_LAYOUT.format(rowid=" WITHOUT ROWID" if without_rowid else ""))
         conn.executemany(
             "INSERT INTO messages VALUES (?, ?, ?, ?, 0, ?, ?)",
             [
                 ("a/b/c", 1, b"s", 0, b"m1", now),
-                ("a/b/c", 2, b"s", 0, big, now),
+                ("a/b/c", 2, b"s", 0, BIG, now),
                 ("a/b/c", 3, b"c", 1, b"commit", now),
                 ("a/b/d", 1, b"t", 0, b"other", now),
             ],
@@ -501,6 +498,17 @@ async def test_a_log_of_an_earlier_layout_is_moved_to_the_current_one(
             "INSERT INTO channels (name, head_seq) VALUES (?, ?)", [("a/b/c", 3), ("a/b/d", 1)]
         )
     conn.close()
+
+
+@pytest.mark.parametrize("without_rowid", [False, True], ids=["message_ids", "without_rowid"])
+async def test_a_log_of_an_earlier_layout_is_moved_to_the_current_one(
+    tmp_path: Path, without_rowid: bool
+) -> None:
+    """Logs written before keep every message, in order, and every id (a repeat is still
+    answered with its seq); they go on from the same head, and retention still trims
+    them. Afterwards ids are a column of ``messages`` and ``message_ids`` is gone."""
+    path = tmp_path / "relay.sqlite3"
+    _write_earlier_log(path, without_rowid)
 
     def layout() -> tuple[str, set[str], dict[str, str]]:
         with sqlite3.connect(path) as conn:
@@ -522,7 +530,7 @@ async def test_a_log_of_an_earlier_layout_is_moved_to_the_current_one(
             assert "message_ids" not in tables
             assert indexes["messages_stored_at"] == indexes["messages_id"] == "messages"
             stored = [(e.seq, e.message) for e in await store.read("a/b/c", 0, 10)]
-            assert stored == [(1, b"m1"), (2, big), (3, b"commit")]
+            assert stored == [(1, b"m1"), (2, BIG), (3, b"commit")]
             repeat = await store.append_many("a/b/c", b"s", [(b"x", 0), (b"y", 0)], [b"i2", b"i1"])
             assert [e.seq for e in repeat] == [2, 1], "the ids moved with the log"
             assert [e.message for e in await store.read("a/b/d", 0, 10)] == [b"other"]
@@ -540,3 +548,53 @@ async def test_a_log_of_an_earlier_layout_is_moved_to_the_current_one(
         assert [e.seq for e in fresh] == [5], "a trimmed message's id goes with it"
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("without_rowid", [False, True], ids=["message_ids", "without_rowid"])
+def test_two_relays_starting_on_an_earlier_log_move_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_rowid: bool
+) -> None:
+    """A relay that starts while another is moving the same log waits for it and finds
+    the work done: it neither moves the rows a second time (which would drop the ids)
+    nor fails on the column the first one added."""
+    path = tmp_path / "relay.sqlite3"
+    _write_earlier_log(path, without_rowid)
+    real = sqlite_store._move_ids
+    moving = threading.Event()
+
+    def slow_move(conn: sqlite3.Connection) -> bool:
+        moved = real(conn)
+        if threading.current_thread().name == "first":
+            moving.set()
+            time.sleep(0.5)  # the second relay starts meanwhile
+        return moved
+
+    monkeypatch.setattr(sqlite_store, "_move_ids", slow_move)
+    errors: list[BaseException] = []
+
+    def start(name: str) -> None:
+        try:
+            conn = sqlite_store._connect(path, "normal")
+            try:
+                sqlite_store._migrate(conn)
+            finally:
+                conn.close()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    first = threading.Thread(target=start, args=("first",), name="first")
+    first.start()
+    assert moving.wait(10)
+    second = threading.Thread(target=start, args=("second",), name="second")
+    second.start()
+    first.join(20)
+    second.join(20)
+    assert errors == []
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute("SELECT channel, seq, id FROM messages ORDER BY channel, seq")
+        assert rows.fetchall() == [
+            ("a/b/c", 1, b"i1"),
+            ("a/b/c", 2, b"i2"),
+            ("a/b/c", 3, None),
+            ("a/b/d", 1, None),
+        ]
