@@ -14,13 +14,13 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
-from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import ChannelClosedError, InternalError, MlsError
 from svc_sdk.message import Accept, Message
 
 if TYPE_CHECKING:
     from svc_sdk.channel import Channel
+    from svc_sdk.relay_link import Delivery
 
 log = logging.getLogger("svc_sdk.channel")  # one logger for all of a channel's parts
 
@@ -73,7 +73,7 @@ class Deliveries:
                 channel._drain_available()
         channel._admissions.do_work()
 
-    def take(self, limit: int = 4096) -> list[pb.Delivery]:
+    def take(self, limit: int = 4096) -> list[Delivery]:
         channel = self._channel
         with channel._cond:
             if len(channel._raw) <= limit:
@@ -95,7 +95,7 @@ class Deliveries:
             self.handle(items)
 
     def handle(
-        self, items: list[pb.Delivery], reader: Accept | None = None, limit: int | None = None
+        self, items: list[Delivery], reader: Accept | None = None, limit: int | None = None
     ) -> list[Message]:
         """Processes deliveries in order. With ``reader`` (a reader is waiting, and none
         of the buffered messages is for it), returns the first ``limit`` messages it
@@ -129,7 +129,7 @@ class Deliveries:
 
     def _handle_items(
         self,
-        items: list[pb.Delivery],
+        items: list[Delivery],
         reader: Accept | None,
         limit: int | None,
         progress: _Progress,
@@ -139,7 +139,7 @@ class Deliveries:
         admissions = channel._admissions
         me = channel._client.member_id
         group = channel._group
-        run: list[pb.Delivery] = []
+        run: list[Delivery] = []
         received: list[Message] = []
         stored = 0  # how many of ``received`` the inbox holds
         removed = False

@@ -33,6 +33,7 @@ from svc_sdk.relay_client import Request
 
 if TYPE_CHECKING:
     from svc_sdk.client import SvcClient
+    from svc_sdk.relay_link import Delivery
 
 __all__ = ["MAX_PAYLOAD", "Accept", "Channel", "Message", "MessageIterator"]
 
@@ -47,6 +48,9 @@ log = logging.getLogger("svc_sdk.channel")
 # of a few hundred bytes hold under 2 MiB (measured as RSS). The half left when it
 # resumes keeps a reader busy while the new subscription's first frame comes back (a
 # round trip and a log read), so a reader that is the bottleneck does not wait for it.
+# A pause drops what the relay had already sent (it comes again from the log): with a
+# bound of 1 MiB, 16 KiB messages paused so often that the relay spent three times the
+# CPU per message (docs/performance-log.md).
 BACKLOG_MESSAGES = 4096
 BACKLOG_BYTES = 4 * 1024 * 1024
 
@@ -78,7 +82,7 @@ class Channel:
         self._lock = threading.RLock()
         # Guards the queues below; never held while calling the engine or the relay.
         self._cond = threading.Condition()
-        self._raw: deque[pb.Delivery] = deque()
+        self._raw: deque[Delivery] = deque()
         self._raw_bytes = 0  # the sum of _raw's message sizes
         self._paused = False  # _raw went over the bound: resume once it is drained
         # The standing faults of storing what was received and what was read (health()).
@@ -99,7 +103,7 @@ class Channel:
 
     # -- what the relay link calls (its thread; must not block) -------------------------
 
-    def _deliver(self, items: list[pb.Delivery]) -> bool:
+    def _deliver(self, items: list[Delivery]) -> bool:
         """Queues deliveries; True if the backlog is over its bound (the link pauses)."""
         size = sum(len(item.message) for item in items)
         with self._cond:
@@ -111,7 +115,7 @@ class Channel:
                 return True
             return False
 
-    def _took(self, items: list[pb.Delivery]) -> bool:
+    def _took(self, items: list[Delivery]) -> bool:
         """Accounts for ``items`` taken from ``_raw``; True if that drained a paused
         backlog enough to resume (the caller calls :meth:`_resume`). Caller holds
         ``_cond``."""

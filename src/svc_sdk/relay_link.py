@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from svc_sdk import _loop
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -50,10 +50,26 @@ _jitter = random.Random()  # noqa: S311
 OPEN_TIMEOUT = 5.0
 
 
+class Delivery(NamedTuple):
+    """One delivery of a frame, its fields read out once (``pb.Delivery``'s meaning).
+
+    Not the parsed ``pb.Delivery`` itself: that keeps its whole frame's parse alive (up
+    to 256 KiB) while any delivery of it waits in a channel's backlog, and copies the
+    message each time ``message`` is read."""
+
+    channel: str
+    seq: int
+    message: bytes
+    sender: bytes
+    handshake: bool
+    epoch: int
+    subscription: int
+
+
 class Sink(Protocol):
     """Where a channel's deliveries go. Called on the link's thread; must not block."""
 
-    def _deliver(self, items: list[pb.Delivery]) -> bool:
+    def _deliver(self, items: list[Delivery]) -> bool:
         """Queues ``items``; True if the sink's backlog is over its bound: the link then
         pauses the subscription until the sink calls :meth:`RelayLink.resume`."""
         ...
@@ -528,15 +544,26 @@ class RelayLink:
     def _on_frame(self, frame: pb.ServerFrame) -> None:
         kind = frame.WhichOneof("kind")
         if kind == "deliveries":
-            by_channel: dict[str, list[pb.Delivery]] = {}
+            by_channel: dict[str, list[Delivery]] = {}
             for item in frame.deliveries.items:
-                sub = self._subs.get(item.channel)
-                if sub is None or item.seq <= sub.received:
+                name, seq, subscription = item.channel, item.seq, item.subscription
+                sub = self._subs.get(name)
+                if sub is None or seq <= sub.received:
                     continue  # already handed over before a reconnect
-                if item.subscription != sub.current and (item.subscription or sub.paused):
+                if subscription != sub.current and (subscription or sub.paused):
                     continue  # an earlier subscription's, or paused (0: an older relay's)
-                sub.received = item.seq
-                by_channel.setdefault(item.channel, []).append(item)
+                sub.received = seq
+                by_channel.setdefault(name, []).append(
+                    Delivery(
+                        name,
+                        seq,
+                        item.message,
+                        item.sender,
+                        item.handshake,
+                        item.epoch,
+                        subscription,
+                    )
+                )
             for channel, items in by_channel.items():
                 sub = self._subs.get(channel)
                 # Pausing needs a relay that numbers deliveries: with an older one, what

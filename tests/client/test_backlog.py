@@ -4,6 +4,9 @@ backlog. Nothing is lost, duplicated or reordered, also across relay restarts an
 
 from __future__ import annotations
 
+import ctypes
+import gc
+import sys
 import threading
 import time
 from typing import Any, cast
@@ -13,7 +16,7 @@ import pytest
 from svc_sdk import Channel
 from svc_sdk import channel as channel_module
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_link import PAUSED, RelayLink, _Sub
+from svc_sdk.relay_link import PAUSED, Delivery, RelayLink, _Sub
 from svc_sdk.testing import LocalStack
 
 from .helpers import pair
@@ -33,7 +36,7 @@ class Watch:
         self.over = 0  # frames that left the backlog over its bound
         deliver = channel._deliver
 
-        def watched(items: list[pb.Delivery]) -> bool:
+        def watched(items: list[Delivery]) -> bool:
             full = deliver(items)
             self.frames += 1
             self.over += full
@@ -239,7 +242,7 @@ class _ListSink:
         self.items: list[tuple[int, int]] = []
         self.full_after = full_after
 
-    def _deliver(self, items: list[pb.Delivery]) -> bool:
+    def _deliver(self, items: list[Delivery]) -> bool:
         self.items += [(d.seq, d.subscription) for d in items]
         return len(self.items) >= self.full_after
 
@@ -271,3 +274,59 @@ def test_the_link_takes_only_the_current_subscriptions_deliveries() -> None:
     assert sink.items == [(6, 3), (7, 0), (8, 3)]
     link._on_frame(pb.ServerFrame(lagged=pb.Lagged(channel="a/b/c")))  # stays paused
     assert sub.paused
+
+
+MALLINFO2_FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+
+
+def _heap_in_use() -> int:
+    """Bytes glibc's malloc has handed out and not had back (mmapped chunks included)."""
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS.split()]
+
+    mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    mallinfo2.restype = MallInfo2
+    info = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
+def test_a_queued_delivery_does_not_keep_its_whole_frame_in_memory() -> None:
+    """A backlog costs what its messages weigh: a delivery left queued must not hold on
+    to the parse of the frame it came in (up to 256 KiB), or a backlog of one delivery
+    per frame would weigh the frames."""
+
+    class KeepFirst:
+        def __init__(self) -> None:
+            self.kept: list[Delivery] = []
+
+        def _deliver(self, items: list[Delivery]) -> bool:
+            self.kept.append(items[0])
+            return False
+
+        def _failed(self, error: Exception) -> None:
+            raise AssertionError(error)
+
+    link = RelayLink(["127.0.0.1:1"], b"me", tokens=cast(Any, None))
+    sink = KeepFirst()
+    link._subs["a/b/c"] = _Sub(sink, received=0, current=1)
+    frames, per_frame, size = 16, 16, 16 * 1024
+
+    def encoded(first: int) -> bytes:
+        items = [
+            pb.Delivery(channel="a/b/c", seq=first + i, message=bytes(size), subscription=1)
+            for i in range(per_frame)
+        ]
+        return pb.ServerFrame(deliveries=pb.Deliveries(items=items)).SerializeToString()
+
+    data = [encoded(1 + n * per_frame) for n in range(frames)]
+    gc.collect()
+    before = _heap_in_use()
+    for one in data:
+        link._on_frame(pb.ServerFrame.FromString(one))
+    gc.collect()
+    grown = _heap_in_use() - before
+    assert len(sink.kept) == frames and all(len(d.message) == size for d in sink.kept)
+    # One message per frame is 256 KiB; the frames would be 4 MiB.
+    assert grown < 2 * frames * size, grown
