@@ -53,9 +53,9 @@ OPEN_TIMEOUT = 5.0
 class Delivery(NamedTuple):
     """One delivery of a frame, its fields read out once (``pb.Delivery``'s meaning).
 
-    Not the parsed ``pb.Delivery`` itself: that keeps its whole frame's parse alive (up
-    to 256 KiB) while any delivery of it waits in a channel's backlog, and copies the
-    message each time ``message`` is read."""
+    Not the parsed ``pb.Delivery`` itself: that keeps its whole frame's parse alive
+    (about twice the frame's bytes) while any delivery of it waits in a channel's
+    backlog, and copies the message each time ``message`` is read."""
 
     channel: str
     seq: int

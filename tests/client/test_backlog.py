@@ -279,19 +279,29 @@ def test_the_link_takes_only_the_current_subscriptions_deliveries() -> None:
 MALLINFO2_FIELDS = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
 
 
-def _heap_in_use() -> int:
-    """Bytes glibc's malloc has handed out and not had back (mmapped chunks included)."""
+def _mallinfo2() -> Any:
+    """glibc's ``mallinfo2`` (2.33 and later), or None without it (musl, older glibc)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return None
 
     class MallInfo2(ctypes.Structure):
         _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS.split()]
 
-    mallinfo2 = ctypes.CDLL("libc.so.6").mallinfo2
     mallinfo2.restype = MallInfo2
-    info = mallinfo2()
+    return mallinfo2
+
+
+def _heap_in_use() -> int:
+    """Bytes glibc's malloc has handed out and not had back (mmapped chunks included)."""
+    info = _mallinfo2()()
     return int(info.uordblks + info.hblkhd)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2")
+@pytest.mark.skipif(_mallinfo2() is None, reason="needs glibc's mallinfo2")
 def test_a_queued_delivery_does_not_keep_its_whole_frame_in_memory() -> None:
     """A backlog costs what its messages weigh: a delivery left queued must not hold on
     to the parse of the frame it came in (up to 256 KiB), or a backlog of one delivery
