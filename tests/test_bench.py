@@ -25,6 +25,8 @@ BENCH = Path(__file__).parents[1] / "bench"
         ("rtt_legs.py", ["--pings", "0"], "--pings: must be at least 1, not 0"),
         ("rtt_legs.py", ["--pings", "5"], "--pings must be more than --warm-up"),
         ("rtt_legs.py", ["--slowest", "-1"], "--slowest: must be at least 0, not -1"),
+        ("log_stalls.py", ["--rounds", "0"], "--rounds: must be at least 1, not 0"),
+        ("log_stalls.py", ["--seconds", "0.5"], "--seconds: '0.5' is not a whole number"),
         ("receiver_memory.py", ["--runs", "0"], "--runs: must be at least 1, not 0"),
         ("receiver_memory.py", ["--size", "916481"], "--size: must be 1 to 916480, not 916481"),
     ],
