@@ -27,6 +27,11 @@ BENCH = Path(__file__).parents[1] / "bench"
         ("rtt_legs.py", ["--slowest", "-1"], "--slowest: must be at least 0, not -1"),
         ("log_stalls.py", ["--rounds", "0"], "--rounds: must be at least 1, not 0"),
         ("log_stalls.py", ["--seconds", "0.5"], "--seconds: '0.5' is not a whole number"),
+        (
+            "log_stalls.py",
+            ["--dir", "/nonexistent/svc"],
+            "--dir: /nonexistent/svc is not a directory",
+        ),
         ("receiver_memory.py", ["--runs", "0"], "--runs: must be at least 1, not 0"),
         ("receiver_memory.py", ["--size", "916481"], "--size: must be 1 to 916480, not 916481"),
     ],
