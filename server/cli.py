@@ -27,13 +27,17 @@ def run_api(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     _ = settings.tls  # fails early, with a clear message, on half or unreadable TLS settings
-    app = create_app(settings)
-    config = uvicorn.Config(
-        app, host=args.host, port=args.port, log_level=args.log_level, **uvicorn_options(settings)
-    )
-    server = Server(config)
 
     async def main() -> None:
+        # Before the database is opened and migrated, and before the port: a signal from
+        # then on lets the start finish and stops the server in order, not mid-way.
+        shutdown = asyncio.ensure_future(shutdown_requested().wait())
+        app = await asyncio.to_thread(create_app, settings)
+        options = uvicorn_options(settings)
+        config = uvicorn.Config(
+            app, host=args.host, port=args.port, log_level=args.log_level, **options
+        )
+        server = Server(config)
         serving = asyncio.ensure_future(server.serve())
         while not server.started:
             if serving.done():
@@ -41,9 +45,7 @@ def run_api(args: argparse.Namespace) -> None:
                 raise SystemExit(STARTUP_FAILURE)
             await asyncio.sleep(0.01)
         settle()
-        # Said once it serves, with the handlers in place: a supervisor may stop it the
-        # moment it reads the line, and a client may connect.
-        shutdown = asyncio.ensure_future(shutdown_requested().wait())
+        # Said once it serves: a client may connect the moment it reads the line.
         print(f"svc account API on {settings.scheme}://{args.host}:{args.port}", flush=True)
         await asyncio.wait({serving, shutdown}, return_when=asyncio.FIRST_COMPLETED)
         shutdown.cancel()
@@ -92,15 +94,14 @@ def run_relay(args: argparse.Namespace) -> None:
     from .stack import shutdown_requested
 
     async def main() -> None:
+        # Before the relay listens: a signal from then on closes the relay in order.
+        shutdown = shutdown_requested()
         settings = _settings(args)
         metrics = RelayMetrics()
         running = await start_relay(settings, args.host, args.port, metrics=metrics)
         settle()
         if args.metrics_port:
             start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)
-        # Before the line that says it serves: a signal sent as soon as it is printed must
-        # find the handlers, not stop the process without closing the relay.
-        shutdown = shutdown_requested()
         print(f"svc relay on {settings.scheme}://{args.host}:{running.port}", flush=True)
         await shutdown.wait()
         await running.stop()

@@ -88,10 +88,12 @@ def shutdown_requested() -> asyncio.Event:
 
 
 async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:
+    # From the first moment, not from "ready": the API answers before this process has
+    # finished starting, and a supervisor may stop it then, or mid-migration. A signal
+    # during start-up lets the start finish, then stops both servers in order.
+    shutdown = asyncio.ensure_future(shutdown_requested().wait())
     stack = await start_stack(settings, host, api_port, relay_port)
     settle()
-    # Before "ready": a signal sent as soon as it is printed must find the handlers.
-    shutdown = asyncio.ensure_future(shutdown_requested().wait())
     print(f"svc account API  {stack.api_url}", flush=True)
     print(f"svc relay        {stack.relay_url}", flush=True)
     print(f"metrics          {stack.api_url}/metrics", flush=True)

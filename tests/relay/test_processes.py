@@ -295,6 +295,38 @@ def test_svc_up_prints_addresses_and_stops_on_sigterm(up_ports: tuple[int, int, 
     assert out.rstrip().endswith("stopped")
 
 
+STARTING = [
+    (["up", "--api-port", "0", "--relay-port", "0"], "svc.sqlite3", "ready; Ctrl-C stops"),
+    (["api", "--port", "0"], "svc.sqlite3", "svc account API on "),
+    (["relay", "--port", "0"], "relay.sqlite3", "svc relay on "),
+]
+
+
+@pytest.mark.parametrize(("command", "database", "said"), STARTING, ids=["up", "api", "relay"])
+def test_a_server_stops_in_order_on_a_sigterm_sent_while_it_starts(
+    tmp_path: Path, command: list[str], database: str, said: str
+) -> None:
+    """A supervisor may stop a server at any moment, before it says it is ready: `svc
+    up`'s account API answers before its relay is up. The signal is sent as soon as the
+    database file exists, mid-start: the start finishes and the servers stop in order
+    (exit 0), instead of the process dying to SIGTERM (`svc up`'s API child orphaned)."""
+    data_dir = tmp_path / "server"
+    proc = start([*command, "--data-dir", str(data_dir)])
+    try:
+        deadline = time.monotonic() + 30
+        while not (data_dir / database).exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    assert said in out  # it finished starting before it stopped
+    if command[0] == "up":
+        assert out.rstrip().endswith("stopped")
+
+
 def said_it_serves(proc: subprocess.Popen[str], prefix: str) -> None:
     """Reads the server's first line, which must start with ``prefix``; kills it and
     fails with its stderr otherwise."""
