@@ -23,16 +23,17 @@ def run_api(args: argparse.Namespace) -> None:
     from .api import create_app
     from .api.serving import Server, uvicorn_options
     from .heap import settle
-    from .stack import shutdown_requested
+    from .stack import shutdown_requested, unless_stopped
 
     settings = _settings(args)
     _ = settings.tls  # fails early, with a clear message, on half or unreadable TLS settings
 
     async def main() -> None:
-        # Before the database is opened and migrated, and before the port: a signal from
-        # then on lets the start finish and stops the server in order, not mid-way.
         shutdown = asyncio.ensure_future(shutdown_requested().wait())
-        app = await asyncio.to_thread(create_app, settings)
+        # The migration runs to its end in its thread even when a stop comes first.
+        app = await unless_stopped(asyncio.to_thread(create_app, settings), shutdown)
+        if app is None:
+            return
         options = uvicorn_options(settings)
         config = uvicorn.Config(
             app, host=args.host, port=args.port, log_level=args.log_level, **options
@@ -43,10 +44,13 @@ def run_api(args: argparse.Namespace) -> None:
             if serving.done():
                 serving.result()  # raises what stopped it
                 raise SystemExit(STARTUP_FAILURE)
+            if shutdown.done():
+                break  # a stop: uvicorn is told below, and closes what it opened
             await asyncio.sleep(0.01)
-        settle()
-        # Said once it serves: a client may connect the moment it reads the line.
-        print(f"svc account API on {settings.scheme}://{args.host}:{args.port}", flush=True)
+        else:
+            settle()
+            # Said once it serves: a client may connect the moment it reads the line.
+            print(f"svc account API on {settings.scheme}://{args.host}:{args.port}", flush=True)
         await asyncio.wait({serving, shutdown}, return_when=asyncio.FIRST_COMPLETED)
         shutdown.cancel()
         server.should_exit = True
@@ -84,6 +88,8 @@ def run_up(args: argparse.Namespace) -> None:
 
 
 def run_relay(args: argparse.Namespace) -> None:
+    import asyncio
+
     from prometheus_client import start_http_server
 
     from svc_sdk.protocol import run_event_loop
@@ -91,14 +97,16 @@ def run_relay(args: argparse.Namespace) -> None:
     from .heap import settle
     from .relay.metrics import RelayMetrics
     from .relay.server import start_relay
-    from .stack import shutdown_requested
+    from .stack import shutdown_requested, unless_stopped
 
     async def main() -> None:
-        # Before the relay listens: a signal from then on closes the relay in order.
         shutdown = shutdown_requested()
         settings = _settings(args)
         metrics = RelayMetrics()
-        running = await start_relay(settings, args.host, args.port, metrics=metrics)
+        starting = start_relay(settings, args.host, args.port, metrics=metrics)
+        running = await unless_stopped(starting, asyncio.ensure_future(shutdown.wait()))
+        if running is None:
+            return
         settle()
         if args.metrics_port:
             start_http_server(args.metrics_port, addr=args.host, registry=metrics.registry)

@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import signal
 import socket
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .api.deps import Services
 from .api.process import ApiProcess, spawn_api_process
@@ -16,6 +18,8 @@ from .errors import StartupError
 from .heap import settle
 from .relay.metrics import RelayMetrics
 from .relay.server import RunningRelay, start_relay
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -78,7 +82,10 @@ async def stop_stack(stack: Stack) -> None:
 
 
 def shutdown_requested() -> asyncio.Event:
-    """An event set on SIGINT or SIGTERM, from now on."""
+    """An event set on SIGINT or SIGTERM, from now on.
+
+    Each server asks for it before it opens a database or a port: its account API may
+    answer, and a supervisor stop it, before it has said it is ready."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -87,12 +94,26 @@ def shutdown_requested() -> asyncio.Event:
     return stop
 
 
+async def unless_stopped(start: Coroutine[Any, Any, T], shutdown: asyncio.Future[Any]) -> T | None:
+    """What ``start`` returns or raises; None if ``shutdown`` completes first, once
+    ``start`` is cancelled and has undone what it had started (a hung database connection
+    or a slow migration does not hold a stop up)."""
+    starting = asyncio.ensure_future(start)
+    await asyncio.wait((starting, shutdown), return_when=asyncio.FIRST_COMPLETED)
+    if starting.done():
+        return starting.result()
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: nothing to report
+        await starting
+    return None
+
+
 async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -> None:
-    # From the first moment, not from "ready": the API answers before this process has
-    # finished starting, and a supervisor may stop it then, or mid-migration. A signal
-    # during start-up lets the start finish, then stops both servers in order.
     shutdown = asyncio.ensure_future(shutdown_requested().wait())
-    stack = await start_stack(settings, host, api_port, relay_port)
+    stack = await unless_stopped(start_stack(settings, host, api_port, relay_port), shutdown)
+    if stack is None:
+        print("stopped", flush=True)
+        return
     settle()
     print(f"svc account API  {stack.api_url}", flush=True)
     print(f"svc relay        {stack.relay_url}", flush=True)
@@ -104,7 +125,8 @@ async def serve(settings: Settings, host: str, api_port: int, relay_port: int) -
     shutdown.cancel()
     await stop_stack(stack)
     status = await api_exited
-    # SIGTERM to the whole process group may reach the API process first: a stop too.
+    # A supervisor's SIGTERM to every process of the service (systemd's default) may reach
+    # the API process first: a stop too.
     if not asked and status != -signal.SIGTERM:
         # The API process died (killed, out of memory): stop the relay too, and fail,
         # so that a supervisor restarts both.

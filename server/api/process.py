@@ -108,10 +108,13 @@ def spawn_api_process(sock: socket.socket) -> ApiProcess:
     fds = (sock.fileno(), child_control.fileno(), child_metrics.fileno())
     try:
         # -P: the installed svc_server, never a folder of that name in the working directory.
+        # A process group of its own: Ctrl-C in a terminal reaches svc up alone, which
+        # stops this process in order (even while it is still importing the API).
         process = subprocess.Popen(  # noqa: S603 - our own interpreter, fixed arguments
             [sys.executable, "-P", "-m", __name__, *(str(fd) for fd in fds)],
             pass_fds=fds,
             stdin=subprocess.DEVNULL,
+            process_group=0,
         )
     except BaseException:
         for s in (control, metrics):
@@ -219,7 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="svc up's account API process (internal)")
     parser.add_argument("fds", type=int, nargs=3, help="listening socket, control, metrics")
     listen_fd, control_fd, metrics_fd = parser.parse_args(argv).fds
-    # Ctrl-C reaches the whole process group; the parent stops this process in order.
+    # A SIGINT meant for the whole service (a supervisor signalling each of its processes):
+    # the parent stops this process in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _child(listen_fd, Connection(control_fd), Connection(metrics_fd))
 

@@ -126,8 +126,10 @@ async def start_relay(
         relay = Relay(settings, make_store(settings), Access(sessions), verify, keys, metrics)
         try:
             await relay.start()
-        except Exception as exc:
+        except BaseException as exc:  # a stop (cancelled) mid-start closes what it opened too
             await relay.close()
+            if not isinstance(exc, Exception):
+                raise
             where = f"Redis at {settings.redis_url}" if settings.redis_url else "the relay log"
             raise StartupError(f"cannot use {where}: {exc}") from None
     except BaseException:

@@ -149,14 +149,20 @@ def test_svc_up_stops_and_fails_when_its_api_process_dies(tmp_path: Path) -> Non
     assert "account API process exited with status -9; svc up stopped" in err
 
 
+@pytest.mark.parametrize("moment", ["ready", "starting"])
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_to_the_whole_group_stops_svc_up_cleanly(tmp_path: Path, sig: int) -> None:
-    """Ctrl-C in a terminal, or a supervisor stopping the process group, reaches the API
-    process too: svc up still stops in order and exits 0."""
-    api_port = free_port()
-    command = ["up", "--api-port", str(api_port), "--relay-port", "0"]
+def test_svc_up_stops_cleanly_on_ctrl_c_or_a_supervisors_sigterm(
+    tmp_path: Path, sig: int, moment: str
+) -> None:
+    """Ctrl-C in a terminal sends SIGINT to svc up's process group (its API process has a
+    group of its own); a supervisor may send SIGTERM to each process of the service
+    (systemd does), the API process included. Once ready, or while starting (the signal
+    sent as soon as the database file exists, the API process already spawned), svc up
+    stops in order and exits 0."""
+    data_dir = tmp_path / "s"
+    command = ["up", "--api-port", str(free_port()), "--relay-port", "0"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "svc_cli", *command, "--data-dir", str(tmp_path / "s")],
+        [sys.executable, "-m", "svc_cli", *command, "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -164,12 +170,24 @@ def test_a_signal_to_the_whole_group_stops_svc_up_cleanly(tmp_path: Path, sig: i
     )
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("ready"):
-                break
+        if moment == "ready":
+            for line in proc.stdout:
+                if line.startswith("ready"):
+                    break
+        else:
+            deadline = time.monotonic() + 30
+            while not (data_dir / "svc.sqlite3").exists():
+                assert proc.poll() is None, "svc up exited before it opened its database"
+                assert time.monotonic() < deadline, "svc up opened no database in 30 s"
+                time.sleep(0.001)
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 1
         os.killpg(proc.pid, sig)
+        if sig == signal.SIGTERM:
+            os.kill(int(children[0]), sig)
         out, err = proc.communicate(timeout=30)
     finally:
         stop(proc)
     assert proc.returncode == 0, err
     assert out.rstrip().endswith("stopped")
+    assert "Traceback" not in err, err
