@@ -101,6 +101,8 @@ async def unless_stopped(start: Coroutine[Any, Any, T], shutdown: asyncio.Future
     starting = asyncio.ensure_future(start)
     await asyncio.wait((starting, shutdown), return_when=asyncio.FIRST_COMPLETED)
     if starting.done():
+        if shutdown.done() and starting.exception() is not None:
+            return None  # failed as the stop came (a signal that reached a child too)
         return starting.result()
     starting.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):  # stopping: nothing to report

@@ -409,6 +409,16 @@ def start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Pope
     )
 
 
+def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 30) -> None:
+    """Returns as soon as ``path`` exists, while ``proc`` runs: a moment in a server's
+    start-up (its database file) to send it a signal at."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"exited before {path.name} existed"
+        assert time.monotonic() < deadline, f"no {path.name} in {timeout:g} s"
+        time.sleep(0.001)
+
+
 def stop(proc: subprocess.Popen[str]) -> None:
     """SIGTERM, then SIGKILL after 10 s."""
     if proc.poll() is None:

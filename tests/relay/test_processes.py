@@ -25,6 +25,7 @@ from ..support import (
     scaled_out,
     start,
     stop,
+    wait_for_file,
     wait_healthy,
 )
 from .helpers import Member, engine
@@ -314,11 +315,7 @@ def test_a_server_stops_cleanly_on_a_sigterm_sent_while_it_starts(
     data_dir = tmp_path / "server"
     proc = start([*command, "--data-dir", str(data_dir)])
     try:
-        deadline = time.monotonic() + 30
-        while not (data_dir / database).exists():
-            assert proc.poll() is None, "exited before it opened its database"
-            assert time.monotonic() < deadline, "opened no database in 30 s"
-            time.sleep(0.001)
+        wait_for_file(data_dir / database, proc)
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:

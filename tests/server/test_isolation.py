@@ -22,7 +22,7 @@ from svc_sdk.relay_client import RelayConnection
 from svc_server.config import Settings
 from svc_server.stack import start_stack, stop_stack
 
-from ..support import free_port, start, stop, wait_healthy
+from ..support import free_port, start, stop, wait_for_file, wait_healthy
 
 FIELDS = 9_000
 
@@ -175,11 +175,7 @@ def test_svc_up_stops_cleanly_on_ctrl_c_or_a_supervisors_sigterm(
                 if line.startswith("ready"):
                     break
         else:
-            deadline = time.monotonic() + 30
-            while not (data_dir / "svc.sqlite3").exists():
-                assert proc.poll() is None, "svc up exited before it opened its database"
-                assert time.monotonic() < deadline, "svc up opened no database in 30 s"
-                time.sleep(0.001)
+            wait_for_file(data_dir / "svc.sqlite3", proc)
         children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
         assert len(children) == 1
         os.killpg(proc.pid, sig)
