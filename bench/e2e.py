@@ -37,8 +37,10 @@ medians of ``--runs`` runs, then each run's figures. Not part of the test suite.
 
 from __future__ import annotations
 
+# asyncio is imported in the functions that use it (the async agents, SLIM's roles): a
+# blocking agent's process, spawned, imports this module and must load only what a user's
+# blocking program would.
 import argparse
-import asyncio
 import datetime
 import importlib
 import importlib.metadata
@@ -376,6 +378,8 @@ def svc_async_api() -> str | None:
 
 
 def svc_async_receiver(stack: dict[str, str], channel: str, conn: Any) -> None:
+    import asyncio
+
     asyncio.run(_svc_async_receiver(stack, channel, conn))
 
 
@@ -394,6 +398,8 @@ async def _svc_async_receiver(stack: dict[str, str], channel: str, conn: Any) ->
 
 
 def svc_async_sender(stack: dict[str, str], channel: str, plan: Plan, conn: Any) -> None:
+    import asyncio
+
     asyncio.run(_svc_async_sender(stack, channel, plan, conn))
 
 
@@ -496,6 +502,8 @@ def _fast_ffi() -> None:
 
 
 async def _slim_node(address: str) -> None:
+    import asyncio
+
     s = _slim()
     s.initialize_with_defaults()
     await s.get_global_service().run_server_async(s.new_insecure_server_config(address))
@@ -505,6 +513,8 @@ async def _slim_node(address: str) -> None:
 
 
 async def _slim_app(endpoint: str, name: str, fast_ffi: bool) -> tuple[Any, Any, Any]:
+    import asyncio
+
     s = _slim()
     if fast_ffi:
         _fast_ffi()
@@ -551,6 +561,8 @@ def _publisher(session: Any) -> Callable[[bytes], Awaitable[object]]:
 
 
 async def _slim_receiver(endpoint: str, out: str, fast_ffi: bool) -> None:
+    import asyncio
+
     _, _, app = await _slim_app(endpoint, "bench/e2e/receiver", fast_ffi)
     print("READY", flush=True)
     session = await app.listen_for_session_async(None)
@@ -585,6 +597,8 @@ async def _slim_sender(endpoint: str, out: str, fast_ffi: bool, plan: Plan) -> N
 
 
 def slim_role(argv: list[str]) -> None:
+    import asyncio
+
     parser = argparse.ArgumentParser(prog="e2e.py --role")
     parser.add_argument("--role", choices=["slim-node", "slim-recv", "slim-send"])
     parser.add_argument("--address", required=True)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from svc_sdk._native import PendingCommit
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import PolicyError, TransportError, relay_error
-from svc_sdk.relay_client import Code, RelayError
+from svc_sdk.relay_frames import Code, RelayError
 
 if TYPE_CHECKING:
     from svc_sdk.channel import Channel
@@ -69,11 +69,7 @@ class Commits:
                         welcome=pending.welcome or b"",
                     )
                     try:
-                        reply = channel._client.wait(
-                            link.submit(
-                                link.request(frame, timeout=channel._client.timeout, retry=False)
-                            )
-                        )
+                        reply = link.request(frame, timeout=channel._client.timeout, retry=False)
                     except RelayError as exc:
                         channel._group.clear_pending_commit()
                         if exc.code != STALE:
@@ -90,11 +86,7 @@ class Commits:
                     # from a leaf the commit changed, e.g. a member it removes), then
                     # apply the commit with its echo.
                     with contextlib.suppress(TransportError):
-                        channel._client.wait(
-                            link.submit(
-                                link.wait_received(channel.name, reply.seq, channel._client.timeout)
-                            )
-                        )
+                        link.wait_received(channel.name, reply.seq, channel._client.timeout)
                     channel._drain_available()
                     if channel._group.has_pending_commit:
                         channel._group.apply_pending_commit()
@@ -129,7 +121,7 @@ class Commits:
         channel = self._channel
         link = channel._client.link
         reply = channel._relay(pb.CreateChannel(channel=channel.name))  # head_seq
-        channel._client.wait(link.submit(link.wait_received(channel.name, reply.head_seq, 30.0)))
+        link.wait_received(channel.name, reply.head_seq, 30.0)
         epoch = channel._group.epoch
         channel._drain_available()
         if channel._group.has_pending_commit:

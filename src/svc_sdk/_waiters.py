@@ -9,11 +9,14 @@ thread per waiting task.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
+from typing import TYPE_CHECKING
 
-Waiting = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+if TYPE_CHECKING:  # only tasks park here: the blocking client never loads asyncio
+    import asyncio
+
+    Waiting = tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]
 
 
 class AsyncWaiters:
@@ -26,6 +29,8 @@ class AsyncWaiters:
 
     def add(self) -> Waiting:
         """Registers the running task's loop; hand the result to ``park``."""
+        import asyncio  # a task is calling: asyncio is loaded already
+
         loop = asyncio.get_running_loop()
         waiting = (loop, loop.create_future())
         self._waiting.append(waiting)

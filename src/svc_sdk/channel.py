@@ -29,7 +29,7 @@ from svc_sdk.errors import AccessError, ChannelClosedError, MlsError, SvcError
 from svc_sdk.health import ChannelHealth
 from svc_sdk.message import Accept, Message, MessageIterator
 from svc_sdk.outbox import Outbox
-from svc_sdk.relay_client import Request
+from svc_sdk.relay_frames import Request
 
 if TYPE_CHECKING:
     from svc_sdk.client import SvcClient

@@ -37,7 +37,7 @@ from svc_sdk.errors import (
 from svc_sdk.health import ClientHealth
 from svc_sdk.local_state import LocalState
 from svc_sdk.names import check_channel_name
-from svc_sdk.relay_client import RelayError, Request
+from svc_sdk.relay_frames import RelayError, Request
 from svc_sdk.relay_link import RelayLink
 from svc_sdk.state_key import resolve_state_key
 
@@ -248,9 +248,7 @@ class SvcClient:
     def _request(self, request: Request, *, channel: str, retry: bool = True) -> pb.Reply:
         """``request`` (about ``channel``), waited for; a refusal as a library error."""
         try:
-            return self.wait(
-                self.link.submit(self.link.request(request, timeout=self.timeout, retry=retry))
-            )
+            return self.link.request(request, timeout=self.timeout, retry=retry)
         except RelayError as exc:
             raise relay_error(exc, channel) from None
 
@@ -260,7 +258,7 @@ class SvcClient:
         with self._lock:
             self._channels[name] = channel
         try:
-            self.wait(self.link.submit(self.link.subscribe(name, cursor, channel, self.timeout)))
+            self.link.subscribe(name, cursor, channel, self.timeout)
         except RelayError as exc:
             self._drop(name)
             channel._outbox.stop()
@@ -290,7 +288,7 @@ class SvcClient:
         self._drop(channel.name)
         if not self._closed:
             with contextlib.suppress(SvcError):
-                self.wait(self.link.submit(self.link.unsubscribe(channel.name)), 5)
+                self.link.unsubscribe(channel.name)
         self.state.remove_channel(channel.name)
         if channel.name.encode() in self.engine.group_ids():
             self.engine.delete_group(channel.name.encode())
@@ -452,9 +450,7 @@ class SvcClient:
                     "timeout",
                 )
             try:
-                welcome = self.wait(
-                    self.link.submit(self.link.welcome(channel, remaining)), remaining + 1
-                )
+                welcome = self.link.welcome(channel, remaining)
             except TimeoutError:
                 continue
             try:
@@ -475,9 +471,7 @@ class SvcClient:
             join_id = self._api().redeem_invite(channel, token, key_package)
             request = pb.JoinRequest(channel=channel, join_id=join_id)
             try:
-                self.wait(
-                    self.link.submit(self.link.request(request, timeout=self.timeout, retry=True))
-                )
+                self.link.request(request, timeout=self.timeout, retry=True)
                 return
             except RelayError as exc:
                 wanted = exc.reply.cipher_suite

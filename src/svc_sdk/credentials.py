@@ -4,9 +4,11 @@ file ``svc signup`` writes (``~/.svc/api-key``, mode 0600), and ``SVC_API_URL``.
 from __future__ import annotations
 
 import os
-import secrets
-import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ssl
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 DEFAULT_RELAY_URL = "http://127.0.0.1:50051"
@@ -21,7 +23,11 @@ def tls_ca_file() -> str | None:
 def tls_verify() -> ssl.SSLContext | bool:
     """What httpx verifies the API's certificate against."""
     ca = tls_ca_file()
-    return ssl.create_default_context(cafile=ca) if ca else True
+    if not ca:
+        return True
+    import ssl  # here: loading OpenSSL costs ~3 MiB, and only httpx callers need it
+
+    return ssl.create_default_context(cafile=ca)
 
 
 def key_file() -> Path:
@@ -50,7 +56,7 @@ def save_api_key(key: str, *, replace: bool = False) -> Path:
     path = key_file()
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     # A fresh name each time, created exclusively: never a file someone else prepared.
-    tmp = path.with_name(f".api-key.{os.getpid()}.{secrets.token_hex(4)}")
+    tmp = path.with_name(f".api-key.{os.getpid()}.{os.urandom(4).hex()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "w") as f:

@@ -127,7 +127,7 @@ def relay_error(exc: BaseException, channel: str | None = None) -> SvcError:
     serve it now (its store unavailable, a cursor it no longer holds) or a broken stream
     a TransportError; any other code means the request itself was wrong, an
     InternalError."""
-    from svc_sdk.relay_client import RelayError, StreamError, code_name
+    from svc_sdk.relay_frames import RelayError, StreamError, code_name
 
     if isinstance(exc, RelayError):
         name, message, replied = code_name(exc.code), exc.reply.message, True

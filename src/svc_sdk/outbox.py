@@ -43,7 +43,7 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
-from svc_sdk.relay_client import Code, RelayError
+from svc_sdk.relay_frames import Code, RelayError
 
 if TYPE_CHECKING:
     import concurrent.futures

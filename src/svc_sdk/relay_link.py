@@ -1,15 +1,16 @@
-"""The client's connection to the relay: one stream, kept open by a background thread.
+"""The client's connection to the relay: one stream, kept open by a thread of its own.
 
-The thread runs an asyncio loop holding a :class:`RelayConnection`. When the stream
-breaks it reconnects with exponential backoff and jitter, moving through the relay
-addresses it was given, and resubscribes every channel after the last sequence number
-it received, so nothing is lost and nothing is delivered twice. Blocking callers in any
-thread use :meth:`RelayLink.request`; deliveries go to each channel's sink.
+The link's thread connects, and when the stream breaks it reconnects with exponential
+backoff and jitter, moving through the relay addresses it was given, and resubscribes
+every channel after the last sequence number it received, so nothing is lost and nothing
+is delivered twice. The stream's reading thread (``relay_stream.py``) settles Replies
+and hands deliveries to each channel's sink. Callers in any thread write their requests
+themselves and wait on futures; no event loop is involved, so a program that only uses
+the blocking client imports no asyncio.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import contextlib
 import itertools
@@ -18,13 +19,10 @@ import os
 import random
 import threading
 import time
-from collections import deque
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import NamedTuple, Protocol
 
-from svc_sdk import _loop
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import (
     AuthError,
@@ -34,11 +32,11 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
-from svc_sdk.relay_client import RelayConnection, RelayError, Request
+from svc_sdk.relay_frames import RelayError, Request
+from svc_sdk.relay_stream import StreamConnection
 
 log = logging.getLogger("svc_sdk.relay")
 
-T = TypeVar("T")
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 5.0
 # Reconnect jitter needs no cryptographic randomness, and a library must not draw from the
@@ -67,7 +65,8 @@ class Delivery(NamedTuple):
 
 
 class Sink(Protocol):
-    """Where a channel's deliveries go. Called on the link's thread; must not block."""
+    """Where a channel's deliveries go. Called on the stream's reading thread; must not
+    block, nor call back into the link."""
 
     def _deliver(self, items: list[Delivery]) -> bool:
         """Queues ``items``; True if the sink's backlog is over its bound: the link then
@@ -94,7 +93,7 @@ class _Sub:
     sink: Sink
     received: int  # the last seq handed to the sink
     head: int = 0  # the relay's newest seq when last (re)subscribed
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    ready: threading.Event = field(default_factory=threading.Event)
     # The id of the last Subscribe sent, or PAUSED. Deliveries of any other subscription
     # (one replaced by a resubscribe, still queued at the relay or in flight) are
     # dropped: the current one starts after ``received`` by itself.
@@ -102,26 +101,7 @@ class _Sub:
     paused: bool = False
 
 
-_io_lock = threading.Lock()
-_io: asyncio.AbstractEventLoop | None = None
-
-
-def io_loop() -> asyncio.AbstractEventLoop:
-    """The process's one asyncio loop for relay streams, in a daemon thread: every
-    client shares this one, and it is never closed, so closing one client cannot break
-    another."""
-    global _io
-    with _io_lock:
-        if _io is None:
-            loop = _loop.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="svc-io", daemon=True).start()
-            _io = loop
-        return _io
-
-
-def _after_fork() -> None:  # the thread does not survive a fork; the child starts anew
-    global _io
-    _io = None
+def _after_fork() -> None:  # the link's threads do not survive a fork
     _jitter.seed()  # as ``random`` does for its own: forked agents must not back off in step
 
 
@@ -135,163 +115,104 @@ class RelayLink:
         self.endpoints = endpoints
         self.identity = identity
         self._tokens = tokens
-        self._loop = io_loop()
-        self._conn: RelayConnection | None = None
-        self._connected: asyncio.Event | None = None
+        # Guards the connection and the subscriptions. Held while a frame's deliveries are
+        # filtered and handed to the sinks, so a Subscribe's new id and its cursor are
+        # taken between frames, never inside one.
+        self._lock = threading.Lock()
+        self._conn: StreamConnection | None = None
+        self._connected = threading.Event()
         self._subs: dict[str, _Sub] = {}
         self._subscription_ids = itertools.count(1)  # Subscribe.subscription, per link
         self._welcomes: dict[str, list[pb.Welcome]] = {}
-        self._welcome_waiters: dict[str, list[asyncio.Future[pb.Welcome]]] = {}
+        self._welcome_arrived = threading.Condition()
         self._closing = False
+        self._stop = threading.Event()  # wakes the link's thread out of its waits
+        self._thread: threading.Thread | None = None
         self._error: SvcError | None = None  # why the last connection attempt failed
         self._fatal: AuthError | None = None  # the API refused the key itself
-        self._tasks: list[asyncio.Task[None]] = []
-        self._started = False
         self._endpoint_index = 0
         self.reconnects = 0
         #: Counts the connections made; a frame sent with ``pin`` goes out on that one only.
         self.generation = 0
-        # Unpinned frames from send_soon, written by one task in the order they were queued.
-        self._queued: deque[tuple[Request, concurrent.futures.Future[pb.Reply], float]] = deque()
-        self._queued_wake: asyncio.Event | None = None
 
     # -- lifecycle (any thread) --------------------------------------------------------
 
     def start(self, timeout: float) -> None:
         """Starts maintaining the connection and waits for it to come up."""
-        self._started = True
-        asyncio.run_coroutine_threadsafe(self._begin(), self._loop).result(5)
+        self._thread = threading.Thread(target=self._maintain, name="svc-relay-link", daemon=True)
+        self._thread.start()
         try:
-            self.call(self._wait_connected(timeout), timeout + 1)
+            self._wait_connected(timeout)
         except BaseException:
             self.close()
             raise
-
-    async def _begin(self) -> None:
-        self._connected = asyncio.Event()
-        self._queued_wake = asyncio.Event()
-        self._tasks = [
-            asyncio.create_task(self._maintain()),
-            asyncio.create_task(self._refresh_tokens()),
-            asyncio.create_task(self._write_queued()),
-        ]
 
     def close(self) -> None:
         """Closes the stream and stops reconnecting; waits up to 5 s for it."""
         if self._closing:
             return
         self._closing = True
-        if self._started:
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(5)
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Runs ``coro`` on the link's loop and waits for it (from another thread)."""
-        future = self.submit(coro)
-        try:
-            return future.result(timeout)
-        except TimeoutError:
-            if future.done():
-                raise  # the operation's own timeout, not ours
-            future.cancel()
-            raise TransportError(self._why("no answer from the relay in time")) from None
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        """Schedules ``coro`` on the link's loop now (calls keep their order)."""
-        if self._closing:
-            coro.close()
-            raise ChannelClosedError("the client is closed")
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._stop.set()
+        with self._lock:
+            conn = self._conn
+        if conn is not None:
+            conn.close()
+        with self._welcome_arrived:
+            self._welcome_arrived.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(5)
 
     def send_soon(
         self, request: Request, *, timeout: float, pin: int | None = None
     ) -> concurrent.futures.Future[pb.Reply]:
-        """``submit(request(request, timeout=timeout))`` for the hot path (publishes):
-        requests are queued for one writer task instead of each getting a task of its own,
-        which takes a thread hand-off and an event-loop turn off every send. They are
-        written in the order they were queued; a connection lost before the Reply falls
-        back to ``request``, which resends after the reconnect.
+        """Writes ``request`` from the calling thread now and returns the future of its OK
+        Reply (a non-OK one fails it with RelayError): the hot path (publishes) waits for
+        nothing but the write. Frames of one thread leave in its call order.
 
-        With ``pin`` (a :attr:`generation`), the frame is written at once from the calling
-        thread (no hop through the loop), on that connection or not at all: if it is
-        gone, or goes before the Reply, the future fails with TransportError and nothing
-        is resent (the outbox resends in order itself)."""
+        Without ``pin``, a connection lost before the Reply (or none up yet) makes it
+        ``request(request, timeout=timeout)`` on a thread of its own, which resends after
+        the reconnect. With ``pin`` (a :attr:`generation`), the frame goes on that
+        connection or not at all: if it is gone, or goes before the Reply, the future fails
+        with TransportError and nothing is resent (the outbox resends in order itself)."""
         if self._closing:
             raise ChannelClosedError("the client is closed")
         future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
-        if pin is not None:
-            self._write_pinned(request, future, pin)
-            return future
-        self._queued.append((request, future, time.monotonic() + timeout))
-        assert self._queued_wake is not None
-        self._loop.call_soon_threadsafe(self._queued_wake.set)
-        return future
-
-    async def _write_queued(self) -> None:
-        assert self._queued_wake is not None
-        try:
-            while True:
-                await self._queued_wake.wait()
-                self._queued_wake.clear()
-                while self._queued:
-                    request, future, deadline = self._queued.popleft()
-                    if not future.set_running_or_notify_cancel():
-                        continue  # the caller gave up
-                    try:
-                        conn = await self._wait_connected(deadline - time.monotonic())
-                        replied = await conn.send(request)
-                    except asyncio.CancelledError:
-                        future.set_exception(ChannelClosedError("the client is closed"))
-                        raise
-                    except (ConnectionError, asyncio.InvalidStateError):
-                        self._retry(future, request, deadline)
-                        continue
-                    except Exception as exc:  # e.g. no connection in time: this send fails
-                        future.set_exception(exc)
-                        continue
-                    replied.add_done_callback(partial(self._replied, future, request, deadline))
-        finally:  # closing: nothing queued may wait forever
-            while self._queued:
-                _, future, _ = self._queued.popleft()
-                if future.set_running_or_notify_cancel():
-                    future.set_exception(ChannelClosedError("the client is closed"))
-
-    def _write_pinned(
-        self, request: Request, future: concurrent.futures.Future[pb.Reply], pin: int
-    ) -> None:
-        """Writes from the calling thread, straight onto the native stream: a publish
-        takes no hop through the loop. Any thread; the connection is read once."""
+        future.set_running_or_notify_cancel()
         conn = self._conn
-        if conn is None or pin != self.generation or not self.connected:
-            future.set_exception(TransportError("relay connection lost before sending"))
-            return
+        if conn is None or (pin is not None and pin != self.generation) or not self.connected:
+            if pin is not None:
+                future.set_exception(TransportError("relay connection lost before sending"))
+            else:
+                self._retry(future, request, time.monotonic() + timeout)
+            return future
         try:
-            replied = conn.send_threadsafe(request)
+            replied = conn.send(request)
         except ConnectionError as exc:
-            future.set_exception(TransportError(f"relay connection lost: {exc}"))
-            return
-        replied.add_done_callback(partial(self._replied_pinned, future))
-
-    @staticmethod
-    def _replied_pinned(
-        future: concurrent.futures.Future[pb.Reply], done: concurrent.futures.Future[pb.Reply]
-    ) -> None:
-        if done.cancelled() or done.exception() is not None:
-            future.set_exception(TransportError("relay connection lost before the Reply"))
-        elif done.result().code != 0:
-            future.set_exception(RelayError(done.result()))
-        else:
-            future.set_result(done.result())
+            if pin is not None:
+                future.set_exception(TransportError(f"relay connection lost: {exc}"))
+            else:
+                self._retry(future, request, time.monotonic() + timeout)
+            return future
+        deadline = time.monotonic() + timeout
+        replied.add_done_callback(
+            lambda done: self._replied(future, request, deadline, pin is not None, done)
+        )
+        return future
 
     def _replied(
         self,
         future: concurrent.futures.Future[pb.Reply],
         request: Request,
         deadline: float,
-        done: asyncio.Future[pb.Reply],
+        pinned: bool,
+        done: concurrent.futures.Future[pb.Reply],
     ) -> None:
         if done.cancelled() or done.exception() is not None:
-            self._retry(future, request, deadline)  # the stream broke before the Reply
+            if pinned:
+                future.set_exception(TransportError("relay connection lost before the Reply"))
+            else:
+                self._retry(future, request, deadline)  # the stream broke before the Reply
         elif done.result().code != 0:
             future.set_exception(RelayError(done.result()))
         else:
@@ -300,43 +221,41 @@ class RelayLink:
     def _retry(
         self, future: concurrent.futures.Future[pb.Reply], request: Request, deadline: float
     ) -> None:
-        async def again() -> None:
+        def again() -> None:
             try:
-                reply = await self.request(request, timeout=max(0.0, deadline - time.monotonic()))
-            except asyncio.CancelledError:
-                future.set_exception(ChannelClosedError("the client is closed"))
-                raise
-            except Exception as exc:
+                reply = self.request(request, timeout=max(0.0, deadline - time.monotonic()))
+            except BaseException as exc:
                 future.set_exception(exc)
             else:
                 future.set_result(reply)
 
-        self._loop.create_task(again())
+        threading.Thread(target=again, name="svc-relay-resend", daemon=True).start()
 
     @property
     def connected(self) -> bool:
-        return self._connected is not None and self._connected.is_set()
+        return self._connected.is_set()
 
     @property
     def endpoint(self) -> str:
         return self.endpoints[self._endpoint_index % len(self.endpoints)]
 
-    # -- operations (call through ``call``) --------------------------------------------
+    # -- operations (any thread; they block) ---------------------------------------------
 
-    async def request(self, request: Request, *, timeout: float, retry: bool = True) -> pb.Reply:
+    def request(self, request: Request, *, timeout: float, retry: bool = True) -> pb.Reply:
         """Sends ``request`` and returns its OK Reply. Waits out reconnects (resending
-        when ``retry``) until ``timeout``; a non-OK Reply raises RelayError."""
+        when ``retry``) until ``timeout``; a non-OK Reply raises RelayError, no answer in
+        time TransportError, a client closed meanwhile ChannelClosedError."""
         deadline = time.monotonic() + timeout
         while True:
-            conn = await self._wait_connected(deadline - time.monotonic())
+            conn = self._wait_connected(deadline - time.monotonic())
             try:
-                # asyncio.timeout, not wait_for: no extra task per request on the hot path.
-                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
-                    reply = await (await conn.send(request))
-            except (ConnectionError, asyncio.InvalidStateError) as exc:
+                reply = conn.send(request).result(max(0.0, deadline - time.monotonic()))
+            except ConnectionError as exc:
+                if self._closing:
+                    raise ChannelClosedError("the client is closed") from None
                 if not retry or time.monotonic() >= deadline:
                     raise TransportError(f"relay connection lost: {exc}") from None
-                await self._lost(conn)
+                self._lost(conn, deadline)
                 continue
             except TimeoutError:
                 raise TransportError(self._why("no answer from the relay in time")) from None
@@ -344,27 +263,44 @@ class RelayLink:
                 raise RelayError(reply)
             return reply
 
-    async def subscribe(self, channel: str, after_seq: int, sink: Sink, timeout: float) -> int:
+    def subscribe(self, channel: str, after_seq: int, sink: Sink, timeout: float) -> int:
         """Registers the sink and subscribes; returns the relay's head seq."""
         sub = _Sub(sink, after_seq)
-        self._subs[channel] = sub
-        if self.connected:
+        with self._lock:
+            self._subs[channel] = sub
+            conn = self._conn if self.connected else None
             try:
-                await self._subscribe(sub, channel)
+                subscribed = self._send_subscribe(sub, channel, conn) if conn else None
             except BaseException:
                 self._subs.pop(channel, None)
                 raise
-        else:
-            await asyncio.wait_for(sub.ready.wait(), timeout)
+        try:
+            if subscribed is not None:
+                with contextlib.suppress(ConnectionError):  # the reconnect subscribes it
+                    self._subscribed(sub, channel, subscribed.result(timeout))
+            if not sub.ready.wait(timeout):
+                raise TimeoutError
+        except TimeoutError:
+            with self._lock:
+                if self._subs.get(channel) is sub:
+                    del self._subs[channel]
+            raise TransportError(self._why(f"no subscription to {channel!r} in time")) from None
+        except BaseException:
+            with self._lock:
+                if self._subs.get(channel) is sub:
+                    del self._subs[channel]
+            raise
         return sub.head
 
-    async def unsubscribe(self, channel: str) -> None:
-        self._subs.pop(channel, None)
-        if self._conn is not None:
+    def unsubscribe(self, channel: str) -> None:
+        with self._lock:
+            self._subs.pop(channel, None)
+            conn = self._conn
+        if conn is not None:
             with contextlib.suppress(Exception):
-                await self._conn.send(pb.Unsubscribe(channel=channel))
+                conn.send(pb.Unsubscribe(channel=channel))
 
-    async def wait_received(self, channel: str, seq: int, timeout: float) -> None:
+    def wait_received(self, channel: str, seq: int, timeout: float) -> None:
         """Waits until the sink of ``channel`` was handed everything up to ``seq``."""
         deadline = time.monotonic() + timeout
         while True:
@@ -373,30 +309,24 @@ class RelayLink:
                 return
             if time.monotonic() >= deadline:
                 raise TransportError(f"the relay did not deliver {channel!r} up to seq {seq}")
-            await asyncio.sleep(0.005)
+            if self._stop.wait(0.005):
+                raise ChannelClosedError("the client is closed")
 
-    async def welcome(self, channel: str, timeout: float) -> pb.Welcome:
-        """The next Welcome for ``channel`` (one that already arrived counts)."""
-        waiting = self._welcomes.get(channel)
-        if waiting:
-            return waiting.pop(0)
-        future: asyncio.Future[pb.Welcome] = self._loop.create_future()
-        self._welcome_waiters.setdefault(channel, []).append(future)
-        try:
-            return await asyncio.wait_for(future, timeout)
-        finally:
-            waiters = self._welcome_waiters.get(channel, [])
-            if future in waiters:
-                waiters.remove(future)
+    def welcome(self, channel: str, timeout: float) -> pb.Welcome:
+        """The next Welcome for ``channel`` (one that already arrived counts);
+        TimeoutError if none comes within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._welcome_arrived:
+            while not self._welcomes.get(channel):
+                if self._closing:
+                    raise ChannelClosedError("the client is closed")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no Welcome for {channel!r} within {timeout:g} s")
+                self._welcome_arrived.wait(remaining)
+            return self._welcomes[channel].pop(0)
 
-    # -- the loop ----------------------------------------------------------------------
-
-    async def _shutdown(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+    # -- the link's thread ---------------------------------------------------------------
 
     def _why(self, default: str) -> str:
         where = ", ".join(self.endpoints)
@@ -404,10 +334,12 @@ class RelayLink:
             f"{default} ({where}): {self._error.detail}" if self._error else f"{default} ({where})"
         )
 
-    async def _wait_connected(self, timeout: float) -> RelayConnection:
-        assert self._connected is not None
+    def _wait_connected(self, timeout: float) -> StreamConnection:
         deadline = time.monotonic() + timeout
-        while not self._connected.is_set():
+        while True:
+            conn = self._conn
+            if conn is not None and self._connected.is_set():
+                return conn
             if self._closing:  # no reconnect is coming: fail now, not at the deadline
                 raise ChannelClosedError("the client is closed")
             if self._fatal is not None:
@@ -417,51 +349,42 @@ class RelayLink:
                 if isinstance(self._error, AuthError):
                     raise self._error
                 raise TransportError(self._why("relay unreachable"))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._connected.wait(), min(remaining, 0.1))
-        assert self._conn is not None
-        return self._conn
+            self._connected.wait(min(remaining, 0.1))
 
-    async def _lost(self, conn: RelayConnection) -> None:
-        """The caller saw ``conn`` fail; wait until the maintainer noticed."""
-        if self._conn is conn and conn.closed is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(conn.closed), 1.0)
-        await asyncio.sleep(0)
+    def _lost(self, conn: StreamConnection, deadline: float) -> None:
+        """The caller saw ``conn`` fail; wait until the link's thread noticed."""
+        conn.ended.wait(max(0.0, min(1.0, deadline - time.monotonic())))
+        while self._conn is conn and time.monotonic() < deadline and not self._closing:
+            time.sleep(0.001)
 
-    async def _maintain(self) -> None:
-        assert self._connected is not None
+    def _maintain(self) -> None:
         attempt = 0
         while not self._closing:
             endpoint = self.endpoint
-            conn: RelayConnection | None = None
+            conn: StreamConnection | None = None
             try:
-                token = await asyncio.to_thread(self._tokens.token)
-                conn = RelayConnection(endpoint, token, self.identity, on_frame=self._on_frame)
-                await asyncio.wait_for(conn.open(), OPEN_TIMEOUT)
+                token = self._tokens.token()
+                conn = StreamConnection(endpoint, token, self.identity, on_frame=self._on_frame)
+                with self._lock:
+                    if self._stopping():
+                        break
+                    self._conn = conn  # close() closes it from here on
+                conn.open(OPEN_TIMEOUT)
                 # The first Reply proves the stream is up and the token accepted.
-                reply = await asyncio.wait_for(
-                    await conn.send(pb.Refresh(token=token)), 5.0 if attempt else 10.0
-                )
+                reply = conn.send(pb.Refresh(token=token)).result(5.0 if attempt else 10.0)
                 if reply.code != 0:
                     raise RelayError(reply)
-                self._conn = conn
-                self.generation += 1
-                for channel, sub in list(self._subs.items()):
-                    await self._subscribe(sub, channel)
+                self._resubscribe_all(conn)
                 self._error = None
                 self._connected.set()
                 if attempt:
                     self.reconnects += 1
                     log.info("reconnected to relay %s", endpoint)
                 attempt = 0
-                assert conn.closed is not None
-                status = await conn.closed
-                if status is not None:
-                    self._error = relay_error(status)
+                self._serve(conn)
+                if conn.end is not None:
+                    self._error = relay_error(conn.end)
                     log.warning("relay stream ended: %s", self._error)
-            except asyncio.CancelledError:
-                raise
             except SvcError as exc:
                 self._error = exc
             except TimeoutError:
@@ -473,17 +396,17 @@ class RelayLink:
                 self._error = InternalError(str(exc))
             finally:
                 self._connected.clear()
-                self._conn = None
+                with self._lock:
+                    self._conn = None
                 if conn is not None:
-                    with contextlib.suppress(Exception):
-                        await conn.close()
+                    conn.close()
             if self._stopping():
                 break
             if isinstance(self._error, AuthError):
                 # A rejected token: get a fresh one. A revoked key fails here, at the API,
                 # and callers waiting for the connection get that error at once.
                 try:
-                    await asyncio.to_thread(self._tokens.refresh)
+                    self._tokens.refresh()
                     self._fatal = None
                 except AuthError as exc:
                     self._fatal = exc
@@ -503,124 +426,162 @@ class RelayLink:
                 delay,
             )
             # Jitter spreads reconnecting clients out.
-            await asyncio.sleep(delay * _jitter.uniform(0.5, 1.0))
+            self._stop.wait(delay * _jitter.uniform(0.5, 1.0))
 
     def _stopping(self) -> bool:  # a method: close() flips the flag from another thread
         return self._closing
 
-    async def _subscribe(self, sub: _Sub, channel: str) -> None:
-        assert self._conn is not None
+    def _serve(self, conn: StreamConnection) -> None:
+        """Waits for the stream's end, renewing the token on it when it is due."""
+        while not conn.ended.is_set() and not self._closing:
+            due = self._tokens.refresh_due() - time.time()
+            if due == float("inf"):
+                conn.ended.wait()
+                return
+            if conn.ended.wait(max(0.5, due)):
+                return
+            try:
+                token = self._tokens.refresh()
+            except SvcError as exc:
+                log.warning("token refresh failed: %s", exc)
+                self._error = exc
+                conn.ended.wait(5)
+                continue
+            with contextlib.suppress(Exception):
+                conn.send(pb.Refresh(token=token))
+
+    # -- subscriptions -------------------------------------------------------------------
+
+    def _resubscribe_all(self, conn: StreamConnection) -> None:
+        """Subscribes every channel on a new connection, each after its cursor."""
+        with self._lock:
+            self.generation += 1
+            sent = [
+                (sub, channel, self._send_subscribe(sub, channel, conn))
+                for channel, sub in self._subs.items()
+            ]
+        for sub, channel, future in sent:
+            if future is not None:
+                self._subscribed(sub, channel, future.result(10.0))
+
+    def _send_subscribe(
+        self, sub: _Sub, channel: str, conn: StreamConnection
+    ) -> concurrent.futures.Future[pb.Reply] | None:
+        """Writes the Subscribe (caller holds the lock); None while paused."""
         if sub.paused:  # resume() subscribes it
             sub.ready.set()
-            return
-        # The new id and the cursor are taken together, on this loop: from here on only
+            return None
+        # The new id and the cursor are taken together, between frames: from here on only
         # the new subscription's deliveries count, and it starts right after the cursor.
         sub.current = next(self._subscription_ids)
-        subscribe = pb.Subscribe(channel=channel, after_seq=sub.received, subscription=sub.current)
-        reply = await asyncio.wait_for(await self._conn.send(subscribe), 10.0)
+        return conn.send(
+            pb.Subscribe(channel=channel, after_seq=sub.received, subscription=sub.current)
+        )
+
+    def _subscribed(self, sub: _Sub, channel: str, reply: pb.Reply) -> None:
         if reply.code != 0:
             sub.sink._failed(relay_error(RelayError(reply), channel))
         sub.head = reply.head_seq
         sub.ready.set()
 
-    async def _refresh_tokens(self) -> None:
-        while True:
-            wait = self._tokens.refresh_due() - time.time()
-            if wait == float("inf"):
-                return
-            await asyncio.sleep(max(0.5, wait))
-            try:
-                token = await asyncio.to_thread(self._tokens.refresh)
-            except SvcError as exc:
-                log.warning("token refresh failed: %s", exc)
-                self._error = exc
-                await asyncio.sleep(5)
-                continue
-            conn = self._conn
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    await conn.request(pb.Refresh(token=token), timeout=10)
+    def _resubscribe(self, sub: _Sub, channel: str) -> concurrent.futures.Future[pb.Reply] | None:
+        """Subscribes again, not waiting for the Reply (caller holds the lock; hand the
+        future to :meth:`_when_subscribed` after releasing it): for the reading thread,
+        and for resume(), which must not block."""
+        conn = self._conn
+        if conn is None:
+            return None  # the next connection subscribes it with the others
+        try:
+            return self._send_subscribe(sub, channel, conn)
+        except ConnectionError:
+            return None  # the stream is ending: the next connection subscribes it
+
+    def _when_subscribed(
+        self, sub: _Sub, channel: str, future: concurrent.futures.Future[pb.Reply] | None
+    ) -> None:
+        """Takes in the Reply to a resubscribe when it comes (not holding the lock: a
+        refusal closes the channel, which may call back into the link)."""
+        if future is not None:
+            future.add_done_callback(partial(self._on_resubscribed, sub, channel))
+
+    def _on_resubscribed(
+        self, sub: _Sub, channel: str, done: concurrent.futures.Future[pb.Reply]
+    ) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self._subscribed(sub, channel, done.result())
+
+    # -- the stream's reading thread -----------------------------------------------------
 
     def _on_frame(self, frame: pb.ServerFrame) -> None:
         kind = frame.WhichOneof("kind")
         if kind == "deliveries":
-            by_channel: dict[str, list[Delivery]] = {}
-            for item in frame.deliveries.items:
-                name, seq, subscription = item.channel, item.seq, item.subscription
-                sub = self._subs.get(name)
-                if sub is None or seq <= sub.received:
-                    continue  # already handed over before a reconnect
-                if subscription != sub.current and (subscription or sub.paused):
-                    continue  # an earlier subscription's, or paused (0: an older relay's)
-                sub.received = seq
-                by_channel.setdefault(name, []).append(
-                    Delivery(
-                        name,
-                        seq,
-                        item.message,
-                        item.sender,
-                        item.handshake,
-                        item.epoch,
-                        subscription,
+            with self._lock:
+                by_channel: dict[str, list[Delivery]] = {}
+                for item in frame.deliveries.items:
+                    name, seq, subscription = item.channel, item.seq, item.subscription
+                    sub = self._subs.get(name)
+                    if sub is None or seq <= sub.received:
+                        continue  # already handed over before a reconnect
+                    if subscription != sub.current and (subscription or sub.paused):
+                        continue  # an earlier subscription's, or paused (0: an older relay's)
+                    sub.received = seq
+                    by_channel.setdefault(name, []).append(
+                        Delivery(
+                            name,
+                            seq,
+                            item.message,
+                            item.sender,
+                            item.handshake,
+                            item.epoch,
+                            subscription,
+                        )
                     )
-                )
-            for channel, items in by_channel.items():
-                sub = self._subs.get(channel)
-                # Pausing needs a relay that numbers deliveries: with an older one, what
-                # the old subscription still sends could not be told from the new one's.
-                if sub is not None and sub.sink._deliver(items) and items[-1].subscription:
-                    self._pause(sub, channel)
+                for channel, items in by_channel.items():
+                    sub = self._subs.get(channel)
+                    # Pausing needs a relay that numbers deliveries: with an older one,
+                    # what the old subscription still sends could not be told from the new
+                    # one's.
+                    if sub is not None and sub.sink._deliver(items) and items[-1].subscription:
+                        self._pause(sub, channel)
         elif kind == "welcome":
-            w = frame.welcome
-            waiters = self._welcome_waiters.get(w.channel)
-            while waiters:
-                future = waiters.pop(0)
-                if not future.done():
-                    future.set_result(w)
-                    return
-            self._welcomes.setdefault(w.channel, []).append(w)
+            with self._welcome_arrived:
+                self._welcomes.setdefault(frame.welcome.channel, []).append(frame.welcome)
+                self._welcome_arrived.notify_all()
         elif kind == "lagged":
             channel = frame.lagged.channel
-            sub = self._subs.get(channel)
-            if sub is not None and not sub.paused and self._conn is not None:
-                self._loop.create_task(self._resubscribe(sub, channel))
-
-    async def _resubscribe(self, sub: _Sub, channel: str) -> None:
-        with contextlib.suppress(Exception):
-            await self._subscribe(sub, channel)
+            with self._lock:
+                sub = self._subs.get(channel)
+                if sub is None or sub.paused:
+                    return
+                resubscribed = self._resubscribe(sub, channel)
+            self._when_subscribed(sub, channel, resubscribed)
 
     # -- a bounded backlog -------------------------------------------------------------
 
     def _pause(self, sub: _Sub, channel: str) -> None:
         """The sink's backlog is full: stop the subscription; what still arrives for it
-        is dropped and comes again after :meth:`resume`, from the cursor. (On the loop.)"""
+        is dropped and comes again after :meth:`resume`, from the cursor. (Caller holds
+        the lock, so the Unsubscribe is written before the Subscribe of a later resume.)"""
         if sub.paused:
             return
         sub.paused = True
         sub.current = PAUSED
         conn = self._conn
         if conn is not None:
-            # A task, so the Unsubscribe is written before the Subscribe of a later
-            # resume (the connection writes in call order).
-            self._loop.create_task(self._send_unsubscribe(conn, channel))
-
-    @staticmethod
-    async def _send_unsubscribe(conn: RelayConnection, channel: str) -> None:
-        with contextlib.suppress(Exception):
-            await conn.send(pb.Unsubscribe(channel=channel))
+            with contextlib.suppress(Exception):
+                conn.send(pb.Unsubscribe(channel=channel))
 
     def resume(self, channel: str) -> None:
         """The sink of ``channel`` drained its backlog: subscribe again after the last
         seq it was handed, as a new subscription. Any thread; does not block."""
-        if not self._closing:
-            self._loop.call_soon_threadsafe(self._resume, channel)
-
-    def _resume(self, channel: str) -> None:
-        sub = self._subs.get(channel)
-        if sub is None or not sub.paused:
+        if self._closing:
             return
-        sub.paused = False
-        # Without a connection, the next one subscribes it with the others. (While one
-        # is being set up, both may: the later Subscribe replaces the earlier.)
-        if self._conn is not None:
-            self._loop.create_task(self._resubscribe(sub, channel))
+        with self._lock:
+            sub = self._subs.get(channel)
+            if sub is None or not sub.paused:
+                return
+            sub.paused = False
+            # Without a connection, the next one subscribes it with the others. (While
+            # one is being set up, both may: the later Subscribe replaces the earlier.)
+            resubscribed = self._resubscribe(sub, channel)
+        self._when_subscribed(sub, channel, resubscribed)

@@ -20,7 +20,6 @@ with ``svc state rekey`` (:func:`rekey`). docs/security.md says what this protec
 from __future__ import annotations
 
 import os
-import secrets
 import stat
 from pathlib import Path
 
@@ -36,7 +35,9 @@ KEY_BYTES = 32
 
 def generate_key() -> str:
     """A new random key, as the 64 hex characters every key source takes."""
-    return secrets.token_hex(KEY_BYTES)
+    # os.urandom is what ``secrets`` draws from; ``secrets`` itself would load OpenSSL
+    # (through hmac) into every agent, ~3 MiB for a name.
+    return os.urandom(KEY_BYTES).hex()
 
 
 def parse_key(value: str | bytes, source: str) -> bytes:

@@ -279,7 +279,7 @@ def test_bad_input_at_the_new_entry_points(stack: LocalStack, channel_name: str,
         def publish(ids: list[bytes]) -> pb.Reply:
             frame = pb.Publish(channel=channel_name, message=[message], message_id=ids)
             try:
-                return ca.link.call(ca.link.request(frame, timeout=10), 15)
+                return ca.link.request(frame, timeout=10)
             except RelayError as exc:
                 return exc.reply
 
@@ -303,7 +303,7 @@ def test_sending_stays_ordered_across_reconnects(stack: LocalStack, ids: Any) ->
                 if i == 100:
                     conn = ca.link._conn
                     assert conn is not None
-                    ca.link.call(conn.close(), 5)  # the stream breaks mid-pipeline
+                    conn.close()  # the stream breaks mid-pipeline
             chan_a.wait_stored(30)
         got = take(chan_b, 600)
         assert got == [f"{r}:{i}".encode() for r in range(3) for i in range(200)]

@@ -26,6 +26,7 @@ from svc_sdk._native import RECEIVE_HIGH_WATER, RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import TransportError
 from svc_sdk.relay_client import MAX_FRAME, Code, RelayConnection, StreamError
+from svc_sdk.testing import LocalStack
 
 pytestmark = pytest.mark.anyio
 
@@ -345,6 +346,33 @@ def test_the_client_imports_neither_pythons_grpc_nor_an_http_stack() -> None:
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_blocking_agent_loads_no_event_loop_and_no_openssl(stack: LocalStack) -> None:
+    """An agent that uses the blocking client — connected, in a channel, sending and
+    receiving — imports neither asyncio (with ssl, ~9 MiB of an agent's RSS) nor
+    Python's OpenSSL bindings (hashlib's or ssl's, ~3 MiB for libcrypto): its relay link
+    runs on threads, and its TLS is the native extension's."""
+    code = (
+        "import sys, tempfile\n"
+        "from svc_sdk import SvcClient\n"
+        "relay, api, key = sys.argv[1:4]\n"
+        "with tempfile.TemporaryDirectory() as ra, tempfile.TemporaryDirectory() as rb:\n"
+        "    a, b = SvcClient(relay, ra, b'a', key, api), SvcClient(relay, rb, b'b', key, api)\n"
+        "    with a, b:\n"
+        "        chan = a.create_channel('acme/tests/no-loop')\n"
+        "        joined = b.join_channel(chan.name, chan.add_member(b.generate_key_package()))\n"
+        "        chan.send(b'hello')\n"
+        "        assert joined.next_message(timeout=10).data == b'hello'\n"
+        "heavy = ('asyncio', 'uvloop', 'ssl', '_ssl', 'hashlib', '_hashlib', 'anyio')\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
+        "assert not loaded, loaded\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code, stack.relay_url, stack.api_url, stack.api_key],
+        check=True,
+        timeout=120,
+    )
 
 
 def certificate(names: list[str], *, expired: bool = False) -> tuple[bytes, bytes]:
