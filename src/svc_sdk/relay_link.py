@@ -120,7 +120,9 @@ class RelayLink:
         # taken between frames, never inside one.
         self._lock = threading.Lock()
         self._conn: StreamConnection | None = None
+        self._subscribing_on: StreamConnection | None = None  # see _resubscribe_all
         self._connected = threading.Event()
+        self._renew_after = 0.0  # monotonic: no token renewal before this
         self._subs: dict[str, _Sub] = {}
         self._subscription_ids = itertools.count(1)  # Subscribe.subscription, per link
         self._welcomes: dict[str, list[pb.Welcome]] = {}
@@ -265,40 +267,45 @@ class RelayLink:
 
     def subscribe(self, channel: str, after_seq: int, sink: Sink, timeout: float) -> int:
         """Registers the sink and subscribes; returns the relay's head seq."""
+        deadline = time.monotonic() + timeout
         sub = _Sub(sink, after_seq)
+        subscribed = None
         with self._lock:
             self._subs[channel] = sub
-            conn = self._conn if self.connected else None
-            try:
-                subscribed = self._send_subscribe(sub, channel, conn) if conn else None
-            except BaseException:
-                self._subs.pop(channel, None)
-                raise
+            conn = self._subscribing_on
+            if conn is not None:
+                with contextlib.suppress(ConnectionError):  # the reconnect subscribes it
+                    subscribed = self._send_subscribe(sub, channel, conn)
         try:
             if subscribed is not None:
                 with contextlib.suppress(ConnectionError):  # the reconnect subscribes it
-                    self._subscribed(sub, channel, subscribed.result(timeout))
-            if not sub.ready.wait(timeout):
-                raise TimeoutError
+                    reply = subscribed.result(max(0.0, deadline - time.monotonic()))
+                    self._subscribed(sub, channel, reply)
+            while not sub.ready.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+                if self._closing:
+                    raise ChannelClosedError("the client is closed")
+                if time.monotonic() >= deadline:
+                    raise TimeoutError
         except TimeoutError:
-            with self._lock:
-                if self._subs.get(channel) is sub:
-                    del self._subs[channel]
+            self._forget(channel, sub)
             raise TransportError(self._why(f"no subscription to {channel!r} in time")) from None
         except BaseException:
-            with self._lock:
-                if self._subs.get(channel) is sub:
-                    del self._subs[channel]
+            self._forget(channel, sub)
             raise
         return sub.head
 
-    def unsubscribe(self, channel: str) -> None:
+    def _forget(self, channel: str, sub: _Sub) -> None:
         with self._lock:
+            if self._subs.get(channel) is sub:
+                del self._subs[channel]
+
+    def unsubscribe(self, channel: str) -> None:
+        with self._lock:  # written under the lock: a later Subscribe goes after it
             self._subs.pop(channel, None)
             conn = self._conn
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.send(pb.Unsubscribe(channel=channel))
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.send(pb.Unsubscribe(channel=channel))
 
     def wait_received(self, channel: str, seq: int, timeout: float) -> None:
         """Waits until the sink of ``channel`` was handed everything up to ``seq``."""
@@ -368,7 +375,11 @@ class RelayLink:
                 with self._lock:
                     if self._stopping():
                         break
-                    self._conn = conn  # close() closes it from here on
+                    # close() closes it from here on. The generation moves with it, in one
+                    # step: a frame pinned to the last connection is refused from now on,
+                    # never written on this one.
+                    self._conn = conn
+                    self.generation += 1
                 conn.open(OPEN_TIMEOUT)
                 # The first Reply proves the stream is up and the token accepted.
                 reply = conn.send(pb.Refresh(token=token)).result(5.0 if attempt else 10.0)
@@ -398,6 +409,7 @@ class RelayLink:
                 self._connected.clear()
                 with self._lock:
                     self._conn = None
+                    self._subscribing_on = None
                 if conn is not None:
                     conn.close()
             if self._stopping():
@@ -432,34 +444,46 @@ class RelayLink:
         return self._closing
 
     def _serve(self, conn: StreamConnection) -> None:
-        """Waits for the stream's end, renewing the token on it when it is due."""
+        """Waits for the stream's end, renewing the token on it when it is due. The
+        renewal (an HTTP request to the account API) runs on a thread of its own, so a
+        stream that ends meanwhile is noticed at once."""
+        renewing: threading.Thread | None = None
         while not conn.ended.is_set() and not self._closing:
             due = self._tokens.refresh_due() - time.time()
             if due == float("inf"):
                 conn.ended.wait()
                 return
-            if conn.ended.wait(max(0.5, due)):
+            wait = max(0.5, due, self._renew_after - time.monotonic())
+            if conn.ended.wait(wait):
                 return
-            try:
-                token = self._tokens.refresh()
-            except SvcError as exc:
-                log.warning("token refresh failed: %s", exc)
-                self._error = exc
-                conn.ended.wait(5)
-                continue
-            with contextlib.suppress(Exception):
-                conn.send(pb.Refresh(token=token))
+            if renewing is None or not renewing.is_alive():
+                renewing = threading.Thread(
+                    target=self._renew, args=(conn,), name="svc-token-renew", daemon=True
+                )
+                renewing.start()
+
+    def _renew(self, conn: StreamConnection) -> None:
+        try:
+            token = self._tokens.refresh()
+        except SvcError as exc:
+            log.warning("token refresh failed: %s", exc)
+            self._error = exc
+            self._renew_after = time.monotonic() + 5
+            return
+        with contextlib.suppress(Exception):
+            conn.send(pb.Refresh(token=token))
 
     # -- subscriptions -------------------------------------------------------------------
 
     def _resubscribe_all(self, conn: StreamConnection) -> None:
         """Subscribes every channel on a new connection, each after its cursor."""
         with self._lock:
-            self.generation += 1
             sent = [
                 (sub, channel, self._send_subscribe(sub, channel, conn))
                 for channel, sub in self._subs.items()
             ]
+            # From here on a new subscription sends its own Subscribe on this connection.
+            self._subscribing_on = conn
         for sub, channel, future in sent:
             if future is not None:
                 self._subscribed(sub, channel, future.result(10.0))

@@ -12,14 +12,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import httpx
 import pytest
 
 from svc_sdk import Channel, SvcClient
+from svc_sdk.errors import ChannelClosedError
 from svc_sdk.local_state import LocalState
-from svc_sdk.relay_link import OPEN_TIMEOUT
+from svc_sdk.relay_link import OPEN_TIMEOUT, RelayLink
 from svc_sdk.testing import LocalStack
 
 from ..support import PostgresServer, RedisServer, scaled_out
@@ -300,3 +301,26 @@ def test_a_relay_that_accepts_but_never_answers_is_passed_over(stack: LocalStack
             chan = alice.create_channel(f"acme/tests/{ids('passed-over')}")
             chan.send(b"hello")
             chan.wait_stored(10)
+
+
+def test_a_subscription_waiting_for_the_relay_ends_when_the_client_closes() -> None:
+    """A channel being opened while the relay is away waits for the next connection; a
+    close() meanwhile ends that wait at once with ChannelClosedError, not after the
+    subscription's timeout, and leaves no subscription behind."""
+    link = RelayLink(["127.0.0.1:1"], b"me", tokens=cast(Any, None))
+    outcome: list[BaseException] = []
+
+    def open_channel() -> None:
+        try:
+            link.subscribe("acme/tests/waiting", 0, cast(Any, None), timeout=30)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=open_channel)
+    waiting.start()
+    time.sleep(0.2)
+    link.close()
+    waiting.join(5)
+    assert not waiting.is_alive(), "still waiting after close()"
+    assert len(outcome) == 1 and isinstance(outcome[0], ChannelClosedError), outcome
+    assert "acme/tests/waiting" not in link._subs
