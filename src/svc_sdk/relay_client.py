@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import logging
 from collections.abc import Callable
 
 from svc_sdk._native import RelayChannel, RelayStream
@@ -35,11 +34,9 @@ from svc_sdk.relay_frames import Request as Request
 from svc_sdk.relay_frames import StreamError as StreamError
 from svc_sdk.relay_frames import client_frame as client_frame
 from svc_sdk.relay_frames import code_name as code_name
-from svc_sdk.relay_frames import encode
+from svc_sdk.relay_frames import encode, read_drained
 from svc_sdk.relay_frames import open_channel as open_channel
 from svc_sdk.relay_frames import target_of as target_of
-
-log = logging.getLogger("svc_sdk.relay")
 
 
 class RelayConnection:
@@ -118,25 +115,20 @@ class RelayConnection:
         if stream is None:
             return
         opened, ended, frames = stream.drain()
-        try:
-            for data in frames:
-                frame = pb.ServerFrame.FromString(data)
-                if frame.WhichOneof("kind") == "reply":
-                    future = self._pending.pop(frame.reply.request_id, None)
-                    if future is not None and not future.done():
-                        _settle(future, frame.reply)
-                else:
-                    self._on_frame(frame)
-        except Exception as exc:  # a frame we cannot read or dispatch ends this stream
-            log.warning("relay stream dropped: %s: %s", type(exc).__name__, exc)
-            self._finish(StreamError(Code.INTERNAL, f"unreadable frame: {exc}"))
-            return
-        if ended is not None:
+        over = read_drained(frames, ended, self._dispatch)
+        if over is not None:
             # Before open() saw the stream accepted, an end is a refusal: open() raises it.
-            code, details = ended
-            self._finish(StreamError(code, details) if code != Code.OK else None)
+            self._finish(over.error)
         elif opened and self._opened is not None and not self._opened.done():
             self._opened.set_result(None)
+
+    def _dispatch(self, frame: pb.ServerFrame) -> None:
+        if frame.WhichOneof("kind") == "reply":
+            future = self._pending.pop(frame.reply.request_id, None)
+            if future is not None and not future.done():
+                _settle(future, frame.reply)
+        else:
+            self._on_frame(frame)
 
     def _finish(self, error: StreamError | None) -> None:
         """The stream is over: stop watching it, fail what waits on it, say why."""

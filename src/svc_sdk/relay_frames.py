@@ -9,6 +9,8 @@ a Reply or a stream. No event loop and no thread here: the client's relay link
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TypeAlias
 
@@ -18,6 +20,8 @@ from svc_sdk import credentials
 from svc_sdk._codes import Code as Code  # re-exported: the name callers know
 from svc_sdk._native import RelayChannel
 from svc_sdk._relay_pb import relay_pb2 as pb
+
+log = logging.getLogger("svc_sdk.relay")
 
 #: What a client asks the relay: one of the messages of ``ClientFrame``'s ``kind`` oneof.
 #: (Written out for type checkers; tests/client/test_relay_client.py holds it to the oneof.)
@@ -128,3 +132,33 @@ class StreamError(ConnectionError):
         super().__init__(f"{code_name(code)}: {details}")
         self.status = Code(code) if code in Code._value2member_map_ else Code.UNKNOWN
         self.details = details
+
+
+class Ended:
+    """What :func:`read_drained` found: the stream is over, with ``error`` None for a
+    clean end (or a local close), else why."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: StreamError | None) -> None:
+        self.error = error
+
+
+def read_drained(
+    frames: list[bytes],
+    ended: tuple[int, str] | None,
+    dispatch: Callable[[pb.ServerFrame], None],
+) -> Ended | None:
+    """One ``RelayStream.drain()``'s frames and end, read: each frame parsed and handed to
+    ``dispatch`` in order. :class:`Ended` if the stream is over — it ended, or a frame could
+    not be read or dispatched (that ends it, as INTERNAL) — else None."""
+    try:
+        for data in frames:
+            dispatch(pb.ServerFrame.FromString(data))
+    except Exception as exc:
+        log.warning("relay stream dropped: %s: %s", type(exc).__name__, exc)
+        return Ended(StreamError(Code.INTERNAL, f"unreadable frame: {exc}"))
+    if ended is None:
+        return None
+    code, details = ended
+    return Ended(StreamError(code, details) if code != Code.OK else None)

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import itertools
-import logging
 import select
 import threading
 from collections.abc import Callable
 
 from svc_sdk._native import RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_frames import Code, Request, StreamError, encode, open_channel
-
-log = logging.getLogger("svc_sdk.relay")
+from svc_sdk.relay_frames import Request, StreamError, encode, open_channel, read_drained
 
 # How long the reading thread sleeps in one wait when nothing arrives: only how soon it
 # sees a close() that raced its wait (close() ends the stream, which wakes it anyway).
@@ -126,18 +123,11 @@ class StreamConnection:
                 if self._stream is not stream:
                     return  # closed
             opened, ended, frames = stream.drain()
-            try:
-                for data in frames:
-                    self._dispatch(pb.ServerFrame.FromString(data))
-            except Exception as exc:  # a frame we cannot read or dispatch ends this stream
-                log.warning("relay stream dropped: %s: %s", type(exc).__name__, exc)
-                self._finish(StreamError(Code.INTERNAL, f"unreadable frame: {exc}"))
-                return
-            if ended is not None:
+            over = read_drained(frames, ended, self._dispatch)
+            if over is not None:
                 # Before open() saw the stream accepted, an end is a refusal: open() raises
                 # it.
-                code, details = ended
-                self._finish(StreamError(code, details) if code != Code.OK else None)
+                self._finish(over.error)
                 return
             if opened and not self._opened:
                 self._opened = True

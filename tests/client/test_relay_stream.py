@@ -11,7 +11,6 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -19,7 +18,15 @@ from svc_sdk.relay_frames import Code, StreamError
 from svc_sdk.relay_stream import StreamConnection
 
 # The fixture too: one event loop for the module, for the fake relays (see its docstring).
-from .test_transport import echo, one_loop_for_the_module, relay_with, serve  # noqa: F401
+from .test_transport import (  # noqa: F401
+    deaf_until,
+    echo,
+    garbage,
+    one_loop_for_the_module,
+    refuse,
+    relay_with,
+    serve,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -75,10 +82,6 @@ async def test_frames_other_than_replies_go_to_the_callback_in_order() -> None:
 
 
 async def test_an_unreadable_frame_ends_the_stream_and_fails_waiting_requests() -> None:
-    async def garbage(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        async for _ in frames:
-            yield b"\xff\xff\xff"  # not a ServerFrame
-
     async def test(url: str) -> None:
         conn = await asyncio.to_thread(_opened, url)
         future = conn.send(pb.Unsubscribe(channel="a/b/c"))
@@ -93,9 +96,6 @@ async def test_an_unreadable_frame_ends_the_stream_and_fails_waiting_requests() 
 
 
 async def test_a_refusal_keeps_the_relays_status() -> None:
-    async def refuse(frames: AsyncIterator[bytes], context: Any) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token expired")
-
     server, port = await serve(refuse, accept=False)
     try:
         conn = StreamConnection(f"127.0.0.1:{port}", "token", b"agent", on_frame=print)
@@ -136,11 +136,7 @@ async def test_nobody_listening_is_unavailable() -> None:
 
 async def test_close_fails_what_waits_and_stops_the_reading_thread() -> None:
     stop = asyncio.Event()
-
-    async def deaf(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        await stop.wait()
-        return
-        yield b""  # pragma: no cover (makes this an async generator)
+    deaf = deaf_until(stop)
 
     async def test(url: str) -> None:
         readers = _readers()

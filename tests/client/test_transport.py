@@ -89,6 +89,28 @@ async def echo(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[byte
         yield reply_to(data)
 
 
+async def garbage(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+    """Answers every frame with bytes that are not a ServerFrame."""
+    async for _ in frames:
+        yield b"\xff\xff\xff"
+
+
+async def refuse(frames: AsyncIterator[bytes], context: Any) -> None:
+    """Refuses the stream as the relay refuses an expired token."""
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token expired")
+
+
+def deaf_until(stop: asyncio.Event) -> Behaviour:
+    """Reads nothing and says nothing until ``stop`` is set, then hangs up."""
+
+    async def deaf(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        await stop.wait()
+        return
+        yield b""  # pragma: no cover (makes this an async generator)
+
+    return deaf
+
+
 async def relay_with(behaviour: Behaviour, test: Callable[[str], Awaitable[None]]) -> None:
     server, port = await serve(behaviour)
     try:
@@ -109,10 +131,6 @@ async def test_a_well_behaved_stream_answers_requests_in_order() -> None:
 
 
 async def test_an_unreadable_frame_ends_the_stream_and_fails_waiting_requests() -> None:
-    async def garbage(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        async for _ in frames:
-            yield b"\xff\xff\xff"  # not a ServerFrame
-
     async def test(url: str) -> None:
         conn = RelayConnection(url, "token", b"agent")
         await conn.open()
@@ -145,9 +163,6 @@ async def test_a_frame_over_the_limit_ends_the_stream_without_taking_it() -> Non
 
 
 async def test_a_refusal_keeps_the_relays_status() -> None:
-    async def refuse(frames: AsyncIterator[bytes], context: Any) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "token expired")
-
     server, port = await serve(refuse, accept=False)
     try:
         conn = RelayConnection(f"127.0.0.1:{port}", "token", b"agent")
@@ -167,11 +182,7 @@ async def test_a_relay_that_stops_reading_never_blocks_the_writer() -> None:
     """Writes queue in the native stream; h2's flow control holds them there, not the
     caller's loop."""
     stop = asyncio.Event()
-
-    async def deaf(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
-        await stop.wait()
-        return
-        yield b""  # pragma: no cover (makes this an async generator)
+    deaf = deaf_until(stop)
 
     async def test(url: str) -> None:
         async with RelayConnection(url, "token", b"agent") as conn:
