@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import logging
 import os
@@ -16,7 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from svc_sdk import _inbox
 from svc_sdk._native import PQ_CIPHER_SUITE, Engine
@@ -42,7 +41,6 @@ from svc_sdk.relay_link import RelayLink
 from svc_sdk.state_key import resolve_state_key
 
 log = logging.getLogger("svc_sdk")
-T = TypeVar("T")
 MAX_IDENTITY = 1024
 #: The most events ``channel_events`` returns at once (the API's limit).
 MAX_EVENTS_PAGE = 1000
@@ -232,18 +230,6 @@ class SvcClient:
             self._update_channels()
 
     # -- plumbing ----------------------------------------------------------------------
-
-    def wait(self, future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
-        """The result of a relay operation, with its errors as library errors."""
-        try:
-            return future.result(self.timeout + 5 if timeout is None else timeout)
-        except TimeoutError:
-            if future.done():
-                raise  # the operation's own timeout
-            future.cancel()
-            raise TransportError("no answer from the relay in time") from None
-        except concurrent.futures.CancelledError:
-            raise ChannelClosedError("the client is closed") from None
 
     def _request(self, request: Request, *, channel: str, retry: bool = True) -> pb.Reply:
         """``request`` (about ``channel``), waited for; a refusal as a library error."""

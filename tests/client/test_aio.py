@@ -372,7 +372,7 @@ def test_a_members_replayed_message_is_skipped_by_an_async_reader(
     with ca, cb:
         ciphertext = chan_a._group.encrypt(b"once")
         frame = pb.Publish(channel=channel_name, message=[ciphertext, ciphertext])
-        ca.wait(ca.link.send_soon(frame, timeout=10))
+        ca.link.send_soon(frame, timeout=10).result(10)
         chan_a.send(b"after")
 
         async def main() -> list[bytes]:
