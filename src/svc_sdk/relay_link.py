@@ -181,26 +181,36 @@ class RelayLink:
             raise ChannelClosedError("the client is closed")
         future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
+        deadline = time.monotonic() + timeout
+        pinned = pin is not None
         conn = self._conn
-        if conn is None or (pin is not None and pin != self.generation) or not self.connected:
-            if pin is not None:
-                future.set_exception(TransportError("relay connection lost before sending"))
-            else:
-                self._retry(future, request, time.monotonic() + timeout)
+        if conn is None or (pinned and pin != self.generation) or not self.connected:
+            self._unsent(future, request, deadline, pinned, "relay connection lost before sending")
             return future
         try:
             replied = conn.send(request)
         except ConnectionError as exc:
-            if pin is not None:
-                future.set_exception(TransportError(f"relay connection lost: {exc}"))
-            else:
-                self._retry(future, request, time.monotonic() + timeout)
+            self._unsent(future, request, deadline, pinned, f"relay connection lost: {exc}")
             return future
-        deadline = time.monotonic() + timeout
         replied.add_done_callback(
-            lambda done: self._replied(future, request, deadline, pin is not None, done)
+            lambda done: self._replied(future, request, deadline, pinned, done)
         )
         return future
+
+    def _unsent(
+        self,
+        future: concurrent.futures.Future[pb.Reply],
+        request: Request,
+        deadline: float,
+        pinned: bool,
+        why: str,
+    ) -> None:
+        """A send_soon that did not reach the relay: a pinned one fails, any other is
+        resent after the reconnect."""
+        if pinned:
+            future.set_exception(TransportError(why))
+        else:
+            self._retry(future, request, deadline)
 
     def _replied(
         self,
@@ -210,11 +220,10 @@ class RelayLink:
         pinned: bool,
         done: concurrent.futures.Future[pb.Reply],
     ) -> None:
-        if done.cancelled() or done.exception() is not None:
-            if pinned:
-                future.set_exception(TransportError("relay connection lost before the Reply"))
-            else:
-                self._retry(future, request, deadline)  # the stream broke before the Reply
+        if done.cancelled() or done.exception() is not None:  # the stream broke first
+            self._unsent(
+                future, request, deadline, pinned, "relay connection lost before the Reply"
+            )
         elif done.result().code != 0:
             future.set_exception(RelayError(done.result()))
         else:
