@@ -2,15 +2,18 @@
 
 Under load, writes go through one thread that drains every pending request into a
 single transaction (group commit), so `synchronous=FULL` costs one fsync per batch, not
-per message. When nothing is pending (and with `synchronous=NORMAL`), a request commits
-on the event loop at once, which saves two thread hand-offs of latency. Reads use their
-own connection and thread; WAL lets them run beside writes. Checkpoints, where
+per message. When nothing is pending (and with `synchronous=NORMAL`), a request runs on
+the event loop at once, which saves two thread hand-offs of latency: an application
+append joins a transaction left open for a few milliseconds and is durable once its
+record is in the append journal (sqlite_journal); other requests commit at once. Reads
+use their own connection and thread; WAL lets them run beside writes. Checkpoints, where
 `synchronous=NORMAL` waits for the disk, run on a thread of their own (sqlite_checkpoints).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import queue
 import sqlite3
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .sqlite_checkpoints import Checkpointer
+from .sqlite_journal import COMMIT_DELAY, MAX_JOURNAL_BYTES, Journal, encode, replay
 from .store import (
     MAX_PENDING_WELCOMES,
     CommitRejected,
@@ -101,10 +105,19 @@ MIGRATE_IDS_CHUNK = 1000
 
 # The most a write may carry to be committed on the event loop (see _enqueue).
 INLINE_MAX_BYTES = 64 * 1024
+# The most an append may carry to go through the journal: a commit of a larger one
+# writes mostly its own pages, and the journal would write it once more.
+JOURNAL_MAX_BYTES = 8 * 1024
+# After a failed commit of journaled appends, the next try comes this much later.
+IDLE_RETRY = 0.1
 # Message ids looked up per query: under SQLite's oldest limit of 999 bound parameters.
 ID_LOOKUP_CHUNK = 500
 
+log = logging.getLogger("svc.relay.store")
+
 Op = Callable[[sqlite3.Connection], tuple[Any, list[Entry], list[WelcomeEntry]]]
+# What the journal records of an append: the record of the entries it stored.
+Record = Callable[[list[Entry]], bytes]
 # A request's future and its result or error.
 Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
@@ -198,6 +211,8 @@ class SqliteLogStore:
         self._checkpointer: Checkpointer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: sqlite3.Connection | None = None  # the writer's; used under _busy
+        self._journal: Journal | None = None  # used under _busy
+        self._open_bytes = 0  # journaled in the open transaction (under _busy)
         self._busy = threading.Lock()
         self._count_lock = threading.Lock()
         self._queued = 0  # requests queued for or being run by the writer thread
@@ -214,6 +229,11 @@ class SqliteLogStore:
         conn = _connect(self._path, self._sync)
         _migrate(conn)
         conn.executescript(SCHEMA)
+        self._journal = Journal(self._path.with_name(self._path.name + "-appends"))
+        if self._journal.size:  # the relay stopped with appends not yet committed
+            records = replay(conn, self._journal.read())
+            log.info("relay log: %d journaled appends replayed", records)
+            self._journal.reset()
         self._conn = conn
         self._writer = threading.Thread(
             target=self._write_loop, args=(conn,), name="svc-log-write", daemon=True
@@ -243,7 +263,14 @@ class SqliteLogStore:
             item = self._queue.get()
             if item is None:
                 with self._busy:
+                    try:
+                        self._commit_open()
+                    except Exception:  # the journal keeps them: replayed on the next start
+                        log.exception("relay log: committing the last appends failed")
                     conn.close()
+                    self._conn = None
+                    if self._journal is not None:
+                        self._journal.close()
                 return
             with self._busy:
                 batch = [item]
@@ -272,6 +299,7 @@ class SqliteLogStore:
         # A lone request needs no savepoint: if it fails, the whole transaction goes.
         alone = len(batch) == 1
         try:
+            self._commit_open()
             conn.execute("BEGIN IMMEDIATE")
             for op, future in batch:
                 if not alone:
@@ -311,7 +339,7 @@ class SqliteLogStore:
             else:
                 future.set_result(value)
 
-    def _enqueue(self, op: Op, size: int) -> asyncio.Future[Any]:
+    def _enqueue(self, op: Op, size: int, record: Record | None = None) -> asyncio.Future[Any]:
         """Runs ``op`` in the writer's transaction order (call from the event loop).
 
         When nothing is queued or running, a small request (``size`` bytes to write, at
@@ -319,20 +347,29 @@ class SqliteLogStore:
         thread: at low load that saves two thread hand-offs on the path every message
         takes (publish → durable → fan-out and reply). Only with ``synchronous=NORMAL``,
         where a commit does not wait for the disk. Large writes, and retention's
-        deletes, always go to the writer thread: they would stall every stream."""
+        deletes, always go to the writer thread: they would stall every stream.
+
+        An op with a ``record`` (an application append) runs inline in the open
+        transaction, and is done once the journal holds its record (:meth:`_run_open`)."""
         assert self._loop is not None, "start() the store first"
-        if self._checkpointer is not None:
+        inline = self._inline and size <= INLINE_MAX_BYTES
+        if size > JOURNAL_MAX_BYTES:
+            record = None  # its own pages are most of what its commit writes: no journal
+        # An inline append's pages are counted when the open transaction commits.
+        if self._checkpointer is not None and not (inline and record is not None):
             # Pages this write adds to the WAL, roughly: its bytes, plus the rows and
             # index entries around them.
             self._checkpointer.wrote(size // 4096 + 4)
         future: asyncio.Future[Any] = self._loop.create_future()
-        inline = self._inline and size <= INLINE_MAX_BYTES
         if inline and self._queued == 0 and self._busy.acquire(blocking=False):
             try:
                 # The writer holds _busy from taking a request until it has counted it
                 # done, so no earlier request can still be on its way: order is kept.
                 if self._queued == 0 and self._conn is not None:
-                    self._settle(*self._run_batch(self._conn, [(op, future)]))
+                    if record is not None:
+                        self._settle(*self._run_open(self._conn, op, future, record))
+                    else:
+                        self._settle(*self._run_batch(self._conn, [(op, future)]))
                     return future
             finally:
                 self._busy.release()
@@ -340,6 +377,88 @@ class SqliteLogStore:
             self._queued += 1
         self._queue.put((op, future))
         return future
+
+    # -- the open transaction and its journal (under _busy) ---------------------------
+
+    def _run_open(
+        self, conn: sqlite3.Connection, op: Op, future: asyncio.Future[Any], record: Record
+    ) -> tuple[list[Entry], list[WelcomeEntry], list[Outcome]]:
+        """Runs an append in the open transaction (begun if there is none, and committed
+        within COMMIT_DELAY); it is durable once the journal holds its record."""
+        journal = self._journal
+        assert journal is not None and self._loop is not None
+        if journal.broken:  # a torn record at its end: nothing more goes after it
+            return self._run_batch(conn, [(op, future)])
+        try:
+            if not conn.in_transaction:
+                self._commit_open()  # only if a commit or a reset failed before
+                conn.execute("BEGIN IMMEDIATE")
+                self._loop.call_later(COMMIT_DELAY, self._commit_due)
+            conn.execute("SAVEPOINT op")
+        except Exception as exc:
+            return [], [], [(future, None, exc)]
+        try:
+            value, entries, welcomes = op(conn)
+            if entries:
+                journal.append(record(entries))
+        except Exception as exc:  # this append did not happen; the others stand
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            return [], [], [(future, None, exc)]
+        conn.execute("RELEASE op")
+        self._open_bytes = journal.size
+        if self._open_bytes >= MAX_JOURNAL_BYTES:
+            self._commit_quietly()
+        return entries, welcomes, [(future, value, None)]
+
+    def _commit_open(self) -> None:
+        """Commits the open transaction and empties the journal. When a commit failed
+        before (SQLite may have rolled its transaction back), the journal's records are
+        put back into the log first: until then the log is not what was acknowledged."""
+        conn, journal = self._conn, self._journal
+        if conn is None or journal is None:
+            return
+        if conn.in_transaction:
+            conn.execute("COMMIT")
+            if self._checkpointer is not None:
+                self._checkpointer.wrote(self._open_bytes // 4096 + 4)
+        elif journal.size:
+            replay(conn, journal.read())
+        self._open_bytes = 0
+        if journal.size or journal.broken:
+            try:
+                journal.reset()
+            except OSError as exc:
+                # Its records are in the log now; replaying them again changes nothing.
+                log.warning("relay log: emptying the append journal failed: %s", exc)
+
+    def _commit_quietly(self) -> None:
+        try:
+            self._commit_open()
+        except Exception as exc:  # the journal holds the appends; tried again later
+            log.warning("relay log: committing journaled appends failed (retried): %s", exc)
+            assert self._loop is not None
+            self._loop.call_later(IDLE_RETRY, self._commit_due)
+
+    def _commit_due(self) -> None:
+        """The open transaction's time is up (on the event loop)."""
+        if not self._pending_appends():
+            return
+        if not self._busy.acquire(blocking=False):
+            # The writer or a read holds the lock, and commits first; if it was the
+            # checkpointer, the transaction is still open when it is done.
+            assert self._loop is not None
+            self._loop.call_later(COMMIT_DELAY / 10, self._commit_due)
+            return
+        try:
+            self._commit_quietly()
+        finally:
+            self._busy.release()
+
+    def _pending_appends(self) -> bool:
+        """Whether appends wait in the open transaction or the journal (any thread)."""
+        conn, journal = self._conn, self._journal
+        return bool(conn is not None and conn.in_transaction) or bool(journal and journal.size)
 
     async def _write(self, op: Op, size: int) -> Any:
         return await self._enqueue(op, size)
@@ -401,6 +520,7 @@ class SqliteLogStore:
                 Entry(channel, head + 1 + n, sender, False, messages[i][1], messages[i][0], now)
                 for n, i in enumerate(fresh)
             ]
+            journaled[:] = [ids[i] if ids else None for i in fresh]
             if stored:
                 conn.executemany(
                     "INSERT INTO messages (channel, seq, sender, handshake, epoch, message,"
@@ -426,7 +546,12 @@ class SqliteLogStore:
                     known[ids[i]] = entry.seq
             return result, stored, []
 
-        return self._enqueue(op, sum(len(m) for m, _ in messages))
+        journaled: list[bytes | None] = []  # the ids of what op stored, for its record
+        return self._enqueue(
+            op,
+            sum(len(m) for m, _ in messages),
+            lambda stored: encode(stored, journaled),
+        )
 
     async def commit(
         self,
@@ -534,7 +659,14 @@ class SqliteLogStore:
     async def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         assert self._read_conn is not None, "store not started"
         conn = self._read_conn
-        return await asyncio.get_running_loop().run_in_executor(self._reads, fn, conn)
+
+        def run(conn: sqlite3.Connection) -> Any:
+            if self._pending_appends():  # a read sees every acknowledged append
+                with self._busy:
+                    self._commit_open()
+            return fn(conn)
+
+        return await asyncio.get_running_loop().run_in_executor(self._reads, run, conn)
 
     async def head(self, channel: str) -> tuple[int, int]:
         def fn(conn: sqlite3.Connection) -> tuple[int, int]:
