@@ -19,6 +19,7 @@ replay — nothing after it was acknowledged (see :meth:`Journal.append`).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import struct
@@ -126,12 +127,25 @@ def replay(conn: sqlite3.Connection, data: bytes) -> int:
     return records
 
 
+class JournalBusy(Exception):
+    """Another process holds the journal: a second relay on the same log."""
+
+
 class Journal:
-    """The journal file beside the log (created 0600). Used under the store's write lock."""
+    """The journal file beside the log (created 0600). Used under the store's write lock.
+
+    Held with an exclusive lock for as long as it is open: a second relay process on the
+    same log must neither replay nor empty the records of the first one's open
+    transaction (it gets :class:`JournalBusy`, and commits every append itself)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            raise JournalBusy(f"{path} is held by another relay process") from None
         self.size = os.fstat(self._fd).st_size
         # Set when a failed write could not be cut back off: the file ends in a torn
         # record, after which nothing more may be written until reset() succeeds.

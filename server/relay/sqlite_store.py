@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from .sqlite_checkpoints import Checkpointer
-from .sqlite_journal import COMMIT_DELAY, MAX_JOURNAL_BYTES, Journal, encode, replay
+from .sqlite_journal import (
+    COMMIT_DELAY,
+    MAX_JOURNAL_BYTES,
+    Journal,
+    JournalBusy,
+    encode,
+    replay,
+)
 from .store import (
     MAX_PENDING_WELCOMES,
     CommitRejected,
@@ -229,8 +236,12 @@ class SqliteLogStore:
         conn = _connect(self._path, self._sync)
         _migrate(conn)
         conn.executescript(SCHEMA)
-        self._journal = Journal(self._path.with_name(self._path.name + "-appends"))
-        if self._journal.size:  # the relay stopped with appends not yet committed
+        try:
+            self._journal = Journal(self._path.with_name(self._path.name + "-appends"))
+        except JournalBusy as exc:
+            log.warning("relay log: %s; every append commits at once in this one", exc)
+        if self._journal is not None and self._journal.size:
+            # The relay stopped with appends not yet committed.
             records = replay(conn, self._journal.read())
             log.info("relay log: %d journaled appends replayed", records)
             self._journal.reset()
@@ -353,8 +364,9 @@ class SqliteLogStore:
         transaction, and is done once the journal holds its record (:meth:`_run_open`)."""
         assert self._loop is not None, "start() the store first"
         inline = self._inline and size <= INLINE_MAX_BYTES
-        if size > JOURNAL_MAX_BYTES:
-            record = None  # its own pages are most of what its commit writes: no journal
+        if size > JOURNAL_MAX_BYTES or self._journal is None:
+            # Its own pages are most of what its commit writes, or there is no journal.
+            record = None
         # An inline append's pages are counted when the open transaction commits.
         if self._checkpointer is not None and not (inline and record is not None):
             # Pages this write adds to the WAL, roughly: its bytes, plus the rows and

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from svc_server.relay import sqlite_journal
-from svc_server.relay.sqlite_journal import decode, encode
+from svc_server.relay.sqlite_journal import Journal, JournalBusy, decode, encode
 from svc_server.relay.sqlite_store import SqliteLogStore
 from svc_server.relay.store import Entry
 
@@ -193,3 +193,26 @@ async def test_a_large_append_commits_at_once_without_the_journal(tmp_path: Path
         assert (tmp_path / "relay.sqlite3-appends").stat().st_size == 0
     finally:
         await store.close()
+
+
+async def test_a_second_relay_on_the_same_log_leaves_the_first_one_s_journal_alone(
+    tmp_path: Path,
+) -> None:
+    """Two relay processes on one data directory (a misconfiguration): the second may
+    neither replay nor empty the records of the first one's open transaction, so it gets
+    no journal and commits every append itself."""
+    path = tmp_path / "relay.sqlite3"
+    held = Journal(tmp_path / "relay.sqlite3-appends")  # as the first relay holds it
+    held.append(b"the first relay's record")
+    with pytest.raises(JournalBusy):
+        Journal(tmp_path / "relay.sqlite3-appends")
+    store = SqliteLogStore(path)
+    await store.start()
+    try:
+        assert store._journal is None
+        await store.append_many(CHANNEL, b"s", [(b"second", 0)])
+        assert _rows(path) == [(1, b"second")], "committed at once"
+    finally:
+        await store.close()
+        held.close()
+    assert (tmp_path / "relay.sqlite3-appends").read_bytes() == b"the first relay's record"
