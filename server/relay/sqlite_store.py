@@ -414,8 +414,13 @@ class SqliteLogStore:
             if entries:
                 journal.append(record(entries))
         except Exception as exc:  # this append did not happen; the others stand
-            conn.execute("ROLLBACK TO op")
-            conn.execute("RELEASE op")
+            try:
+                conn.execute("ROLLBACK TO op")
+                conn.execute("RELEASE op")
+            except sqlite3.Error:
+                # SQLite rolled the whole transaction back (an I/O error): the journal
+                # holds what it had, and _commit_open puts that back before anything else.
+                pass
             return [], [], [(future, None, exc)]
         conn.execute("RELEASE op")
         self._open_bytes = journal.size
