@@ -12,16 +12,15 @@ the journal starts over.
 A record is written with one ``write`` to a file opened ``O_APPEND``: after the call
 returns, a crash of the relay process keeps it, as a commit to the WAL at
 ``synchronous=NORMAL`` is kept (neither survives the loss of the machine's power; the
-journal is not used with ``synchronous=FULL``). On start, :func:`replay` puts every whole
-record back into the log; a record cut short by a crash, or by a full disk, ends the
-replay — nothing after it was acknowledged (see :meth:`Journal.append`).
+journal is not used with ``synchronous=FULL``). On start, the store puts every whole
+record (:func:`decode`) back into the log; a record cut short by a crash, or by a full
+disk, ends the replay — nothing after it was acknowledged (see :meth:`Journal.append`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import sqlite3
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
@@ -90,41 +89,6 @@ def _entries(body: bytes) -> list[tuple[Entry, bytes | None]]:
         at += message_len
         out.append((Entry(channel, seq, sender, False, epoch, message, stored_at), message_id))
     return out
-
-
-def replay(conn: sqlite3.Connection, data: bytes) -> int:
-    """Stores the entries of ``data``'s whole records that the log does not hold (all of
-    them after a crash with the transaction open, none after one between its commit and
-    the journal's reset), in one transaction. Returns how many records there were."""
-    records = 0
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for record in decode(data):
-            records += 1
-            for entry, message_id in record:
-                conn.execute("INSERT OR IGNORE INTO channels (name) VALUES (?)", (entry.channel,))
-                conn.execute(
-                    "INSERT OR IGNORE INTO messages (channel, seq, sender, handshake, epoch,"
-                    " message, stored_at, id) VALUES (?, ?, ?, 0, ?, ?, ?, ?)",
-                    (
-                        entry.channel,
-                        entry.seq,
-                        entry.sender,
-                        entry.epoch,
-                        entry.message,
-                        entry.stored_at,
-                        message_id,
-                    ),
-                )
-                conn.execute(
-                    "UPDATE channels SET head_seq = MAX(head_seq, ?) WHERE name = ?",
-                    (entry.seq, entry.channel),
-                )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return records
 
 
 class JournalBusy(Exception):

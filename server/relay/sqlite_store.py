@@ -30,8 +30,8 @@ from .sqlite_journal import (
     MAX_JOURNAL_BYTES,
     Journal,
     JournalBusy,
+    decode,
     encode,
-    replay,
 )
 from .store import (
     MAX_PENDING_WELCOMES,
@@ -122,6 +122,12 @@ ID_LOOKUP_CHUNK = 500
 
 log = logging.getLogger("svc.relay.store")
 
+# An application message's row, as an append stores it and a journal replay puts it back.
+APPLICATION_ROW = (
+    "INTO messages (channel, seq, sender, handshake, epoch, message, stored_at, id)"
+    " VALUES (?, ?, ?, 0, ?, ?, ?, ?)"
+)
+
 Op = Callable[[sqlite3.Connection], tuple[Any, list[Entry], list[WelcomeEntry]]]
 # What the journal records of an append: the record of the entries it stored.
 Record = Callable[[list[Entry]], bytes]
@@ -201,6 +207,32 @@ def _move_ids(conn: sqlite3.Connection) -> bool:
     return True
 
 
+def _replay(conn: sqlite3.Connection, data: bytes) -> int:
+    """Stores the entries of the journal's whole records (``data``) that the log does not
+    hold — all of them after a crash with the transaction open, none after one between
+    its commit and the journal's reset — in one transaction. Returns how many records."""
+    records = 0
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for record in decode(data):
+            records += 1
+            for e, message_id in record:
+                conn.execute("INSERT OR IGNORE INTO channels (name) VALUES (?)", (e.channel,))
+                conn.execute(
+                    "INSERT OR IGNORE " + APPLICATION_ROW,
+                    (e.channel, e.seq, e.sender, e.epoch, e.message, e.stored_at, message_id),
+                )
+                conn.execute(
+                    "UPDATE channels SET head_seq = MAX(head_seq, ?) WHERE name = ?",
+                    (e.seq, e.channel),
+                )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return records
+
+
 def _entry(channel: str, row: tuple[Any, ...]) -> Entry:
     seq, sender, handshake, epoch, message, stored_at = row
     return Entry(channel, seq, bytes(sender), bool(handshake), epoch, bytes(message), stored_at)
@@ -219,7 +251,6 @@ class SqliteLogStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: sqlite3.Connection | None = None  # the writer's; used under _busy
         self._journal: Journal | None = None  # used under _busy
-        self._open_bytes = 0  # journaled in the open transaction (under _busy)
         self._busy = threading.Lock()
         self._count_lock = threading.Lock()
         self._queued = 0  # requests queued for or being run by the writer thread
@@ -242,7 +273,7 @@ class SqliteLogStore:
             log.warning("relay log: %s; every append commits at once in this one", exc)
         if self._journal is not None and self._journal.size:
             # The relay stopped with appends not yet committed.
-            records = replay(conn, self._journal.read())
+            records = _replay(conn, self._journal.read())
             log.info("relay log: %d journaled appends replayed", records)
             self._journal.reset()
         self._conn = conn
@@ -423,8 +454,7 @@ class SqliteLogStore:
                 pass
             return [], [], [(future, None, exc)]
         conn.execute("RELEASE op")
-        self._open_bytes = journal.size
-        if self._open_bytes >= MAX_JOURNAL_BYTES:
+        if journal.size >= MAX_JOURNAL_BYTES:
             self._commit_quietly()
         return entries, welcomes, [(future, value, None)]
 
@@ -438,10 +468,9 @@ class SqliteLogStore:
         if conn.in_transaction:
             conn.execute("COMMIT")
             if self._checkpointer is not None:
-                self._checkpointer.wrote(self._open_bytes // 4096 + 4)
+                self._checkpointer.wrote(journal.size // 4096 + 4)
         elif journal.size:
-            replay(conn, journal.read())
-        self._open_bytes = 0
+            _replay(conn, journal.read())
         if journal.size or journal.broken:
             try:
                 journal.reset()
@@ -540,8 +569,7 @@ class SqliteLogStore:
             journaled[:] = [ids[i] if ids else None for i in fresh]
             if stored:
                 conn.executemany(
-                    "INSERT INTO messages (channel, seq, sender, handshake, epoch, message,"
-                    " stored_at, id) VALUES (?, ?, ?, 0, ?, ?, ?, ?)",
+                    "INSERT " + APPLICATION_ROW,
                     [
                         (channel, e.seq, sender, e.epoch, e.message, now, ids[i] if ids else None)
                         for e, i in zip(stored, fresh, strict=True)
