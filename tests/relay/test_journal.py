@@ -46,6 +46,17 @@ def test_records_round_trip_and_a_cut_or_corrupt_record_ends_them() -> None:
     assert list(decode(bytes(corrupt) + two)) == [], "nothing after a record that fails its CRC"
 
 
+def test_a_member_s_message_cannot_forge_a_record() -> None:
+    """A hostile member's message holding a whole record of its own (for another channel,
+    at another seq), or a length that would run past it, comes back as the one message it
+    is: records are framed by their length, never by what the bytes inside look like."""
+    forged = encode([Entry("x/y/z", 99, b"victim", False, 0, b"injected", 0.0)], [b"id"])
+    messages = [forged, forged * 3 + b"\xff" * 64, b"\xff\xff\xff\x7f" + forged]
+    entries = [Entry(CHANNEL, 1 + i, b"hostile", False, 0, m, 2.0) for i, m in enumerate(messages)]
+    records = list(decode(encode(entries, [None] * 3) + encode(entries[:1], [None])))
+    assert [[e for e, _ in r] for r in records] == [entries, entries[:1]]
+
+
 async def test_an_acknowledged_append_is_durable_before_its_transaction_commits(
     tmp_path: Path,
 ) -> None:
