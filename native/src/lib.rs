@@ -12,6 +12,7 @@ pub mod credential;
 pub mod data_dir;
 pub mod engine;
 pub mod error;
+pub mod frames;
 pub mod group;
 pub mod group_store;
 pub mod identity;
@@ -24,6 +25,8 @@ pub mod storage;
 pub mod tracker;
 pub mod transport;
 
+#[cfg(feature = "python")]
+mod py_frames;
 #[cfg(feature = "python")]
 mod py_server;
 #[cfg(feature = "python")]

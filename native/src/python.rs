@@ -1165,6 +1165,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_credential_request, m)?)?;
     m.add("DEFAULT_CIPHER_SUITE", DEFAULT_CIPHER_SUITE)?;
     m.add("PQ_CIPHER_SUITE", PQ_CIPHER_SUITE)?;
+    crate::py_frames::register(m)?;
     crate::py_transport::register(m)?;
     crate::py_server::register(m)?;
     Ok(())

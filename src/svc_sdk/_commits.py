@@ -12,9 +12,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from svc_sdk._native import PendingCommit
-from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import PolicyError, TransportError, relay_error
-from svc_sdk.relay_frames import Code, RelayError
+from svc_sdk.relay_frames import Code, Commit, CreateChannel, RelayError
 
 if TYPE_CHECKING:
     from svc_sdk.channel import Channel
@@ -55,14 +54,14 @@ class Commits:
                         if refreshed:
                             raise
                         refreshed = True
-                        head = channel._relay(pb.CreateChannel(channel=channel.name))
+                        head = channel._relay(CreateChannel(channel=channel.name))
                         if head.epoch <= channel._group.epoch:
                             raise
                         self.catch_up(head.epoch)
                         continue
                     if pending is None:
                         return None
-                    frame = pb.Commit(
+                    frame = Commit(
                         channel=channel.name,
                         epoch=pending.epoch,
                         commit=pending.commit,
@@ -120,7 +119,7 @@ class Commits:
         it was never stored: drop it (False) so the caller builds a new one."""
         channel = self._channel
         link = channel._client.link
-        reply = channel._relay(pb.CreateChannel(channel=channel.name))  # head_seq
+        reply = channel._relay(CreateChannel(channel=channel.name))  # head_seq
         link.wait_received(channel.name, reply.head_seq, 30.0)
         epoch = channel._group.epoch
         channel._drain_available()

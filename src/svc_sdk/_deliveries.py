@@ -20,7 +20,7 @@ from svc_sdk.message import Accept, Message
 
 if TYPE_CHECKING:
     from svc_sdk.channel import Channel
-    from svc_sdk.relay_link import Delivery
+    from svc_sdk.relay_frames import Delivery
 
 log = logging.getLogger("svc_sdk.channel")  # one logger for all of a channel's parts
 

@@ -1,8 +1,9 @@
 """Type stubs for the Rust MLS engine (native/src/python.rs)."""
 
+from collections.abc import Sequence
 from os import PathLike
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 # The engine raises the library's own exceptions (svc_sdk/errors.py), not types of its own.
 from svc_sdk.errors import MlsError
@@ -236,6 +237,22 @@ def verify_agent_credential(
     now: int | None = None,
 ) -> AgentCredentialInfo: ...
 def verify_credential_request(content: bytes, proof: bytes) -> CredentialRequestInfo: ...
+
+# The relay protocol's frames (native/src/py_frames.rs); svc_sdk.relay_frames wraps them.
+def encode_create(request_id: int, channel: str, group_info: bytes) -> bytes: ...
+def encode_subscribe(request_id: int, channel: str, after_seq: int, subscription: int) -> bytes: ...
+def encode_unsubscribe(request_id: int, channel: str) -> bytes: ...
+def encode_publish(
+    request_id: int, channel: str, message: Sequence[bytes], message_id: Sequence[bytes]
+) -> bytes: ...
+def encode_commit(
+    request_id: int, channel: str, epoch: int, commit: bytes, welcome: bytes
+) -> bytes: ...
+def encode_refresh(request_id: int, token: str) -> bytes: ...
+def encode_join(request_id: int, channel: str, join_id: str) -> bytes: ...
+def decode_server_frame(
+    frame: bytes,
+) -> tuple[Literal[0, 1, 2, 3, 4], Any]: ...
 
 class RelayChannel:
     """One HTTP/2 connection to a relay, made on first use (native/src/py_transport.rs)."""

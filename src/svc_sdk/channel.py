@@ -22,18 +22,17 @@ from svc_sdk._deliveries import Deliveries
 from svc_sdk._inbox import Inbox, StorageFaults
 from svc_sdk._native import Group, inspect
 from svc_sdk._reader import Reader
-from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk._waiters import AsyncWaiters
 from svc_sdk.agent_id import AgentId
 from svc_sdk.errors import AccessError, ChannelClosedError, MlsError, SvcError
 from svc_sdk.health import ChannelHealth
 from svc_sdk.message import Accept, Message, MessageIterator
 from svc_sdk.outbox import Outbox
-from svc_sdk.relay_frames import Request
+from svc_sdk.relay_frames import Publish, Reply, Request
 
 if TYPE_CHECKING:
     from svc_sdk.client import SvcClient
-    from svc_sdk.relay_link import Delivery
+    from svc_sdk.relay_frames import Delivery
 
 __all__ = ["MAX_PAYLOAD", "Accept", "Channel", "Message", "MessageIterator"]
 
@@ -406,7 +405,7 @@ class Channel:
                     "first (set_role(member, 'owner'))"
                 )
             proposal = self._group.propose_leave()
-            self._relay(pb.Publish(channel=self.name, message=[proposal]))
+            self._relay(Publish(channel=self.name, message=[proposal]))
         deadline = time.monotonic() + timeout
         while self._closed is None and time.monotonic() < deadline:
             with self._cond:
@@ -416,7 +415,7 @@ class Channel:
         if self._closed is None:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
 
-    def _relay(self, request: Request, *, retry: bool = True) -> pb.Reply:
+    def _relay(self, request: Request, *, retry: bool = True) -> Reply:
         """``request`` about this channel, waited for; a refusal as a library error."""
         return self._client._request(request, channel=self.name, retry=retry)
 

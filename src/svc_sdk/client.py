@@ -19,7 +19,6 @@ from typing import Any, cast
 
 from svc_sdk import _inbox
 from svc_sdk._native import PQ_CIPHER_SUITE, Engine
-from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.agent_id import AgentId
 from svc_sdk.api_client import ApiClient
 from svc_sdk.audit import ChannelEvent, ChannelMember, ChannelSummary
@@ -36,7 +35,7 @@ from svc_sdk.errors import (
 from svc_sdk.health import ClientHealth
 from svc_sdk.local_state import LocalState
 from svc_sdk.names import check_channel_name
-from svc_sdk.relay_frames import RelayError, Request
+from svc_sdk.relay_frames import CreateChannel, JoinRequest, RelayError, Reply, Request
 from svc_sdk.relay_link import RelayLink
 from svc_sdk.state_key import resolve_state_key
 
@@ -231,7 +230,7 @@ class SvcClient:
 
     # -- plumbing ----------------------------------------------------------------------
 
-    def _request(self, request: Request, *, channel: str, retry: bool = True) -> pb.Reply:
+    def _request(self, request: Request, *, channel: str, retry: bool = True) -> Reply:
         """``request`` (about ``channel``), waited for; a refusal as a library error."""
         try:
             return self.link.request(request, timeout=self.timeout, retry=retry)
@@ -307,9 +306,7 @@ class SvcClient:
         # this agent its only member and owner.
         group = self.engine.create_group(name.encode(), suite)
         try:
-            self._request(
-                pb.CreateChannel(channel=name, group_info=group.group_info()), channel=name
-            )
+            self._request(CreateChannel(channel=name, group_info=group.group_info()), channel=name)
             self.state.add_channel(name, 0, 0)
         except BaseException:
             self.engine.delete_group(name.encode())
@@ -455,7 +452,7 @@ class SvcClient:
         while True:
             key_package = self.engine.generate_key_package(suite)
             join_id = self._api().redeem_invite(channel, token, key_package)
-            request = pb.JoinRequest(channel=channel, join_id=join_id)
+            request = JoinRequest(channel=channel, join_id=join_id)
             try:
                 self.link.request(request, timeout=self.timeout, retry=True)
                 return

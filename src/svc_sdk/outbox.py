@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk._waiters import AsyncWaiters
 from svc_sdk.errors import (
     ChannelClosedError,
@@ -43,7 +42,7 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
-from svc_sdk.relay_frames import Code, RelayError
+from svc_sdk.relay_frames import Code, Publish, RelayError, Reply
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -126,7 +125,7 @@ class Outbox:
         self._done_through = self._next_pos - 1  # every pos up to here stored or failed
         self._sent = 0  # entries at the head of _entries in flight
         # (number of entries, future) per frame in flight, oldest first.
-        self._inflight: deque[tuple[int, concurrent.futures.Future[pb.Reply]]] = deque()
+        self._inflight: deque[tuple[int, concurrent.futures.Future[Reply]]] = deque()
         self._pinned = 0  # the connection (RelayLink.generation) the frames in flight are on
         # A frame failed: resend from the head (encrypting first rows stored without
         # their ciphertext, see Unencrypted).
@@ -326,7 +325,7 @@ class Outbox:
                     self._thread = None
             raise
 
-    def _settled(self, future: concurrent.futures.Future[pb.Reply]) -> None:
+    def _settled(self, future: concurrent.futures.Future[Reply]) -> None:
         """A frame's Reply or failure, on the thread that settled it (the relay loop's).
         With messages waiting to be sent (Nagle's rule), or a failure, the pump takes
         it: collecting it here would let the next send() leave alone, ahead of the
@@ -517,11 +516,11 @@ class Outbox:
                 break
             frames.append(frame)
             index += len(frame)
-        sent: list[concurrent.futures.Future[pb.Reply]] = []
+        sent: list[concurrent.futures.Future[Reply]] = []
         for frame in frames:
             try:
                 future = link.send_soon(
-                    pb.Publish(
+                    Publish(
                         channel=channel,
                         message=[e.ciphertext for e in frame],
                         message_id=[e.id for e in frame],

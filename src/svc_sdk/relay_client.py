@@ -3,11 +3,14 @@ request/reply matching by request_id, and every other frame handed to a callback
 in queues of deliveries and Welcomes for code that drives the protocol by hand.
 
 The stream itself is the native extension's (``svc_sdk._native.RelayStream``: tonic on a
-tokio runtime of its own). Frames cross as encoded protobuf; the loop learns of arrivals
+tokio runtime of its own). Requests and frames are the generated protobuf messages
+(``svc_sdk.protocol``), as the relay's own code has them — agents speak the same bytes
+through ``relay_frames``' native codec, without protobuf; the loop learns of arrivals
 through the stream's wake fd (``add_reader``) and takes everything that arrived in one
 call, so no Python thread stands between the socket and the loop.
 
-The high-level ``SvcClient`` builds on this; benchmarks and tests use it directly.
+Benchmarks and tests use it to drive the protocol by hand; ``SvcClient`` builds on
+``relay_link`` instead.
 
 A request is one of the messages a ``ClientFrame`` carries (:data:`Request`); every layer
 above passes it on as it is, and :meth:`RelayConnection.send` alone wraps it in a frame.
@@ -22,6 +25,9 @@ import asyncio
 import concurrent.futures
 import itertools
 from collections.abc import Callable
+from typing import TypeAlias
+
+from google.protobuf import message_factory
 
 from svc_sdk._native import RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -30,13 +36,55 @@ from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.relay_frames import MAX_FRAME as MAX_FRAME
 from svc_sdk.relay_frames import Code as Code
 from svc_sdk.relay_frames import RelayError as RelayError
-from svc_sdk.relay_frames import Request as Request
+from svc_sdk.relay_frames import Reply, read_drained, within_limit
 from svc_sdk.relay_frames import StreamError as StreamError
-from svc_sdk.relay_frames import client_frame as client_frame
 from svc_sdk.relay_frames import code_name as code_name
-from svc_sdk.relay_frames import encode, read_drained
 from svc_sdk.relay_frames import open_channel as open_channel
 from svc_sdk.relay_frames import target_of as target_of
+
+#: What a client asks the relay: one of the messages of ``ClientFrame``'s ``kind`` oneof.
+#: (Written out for type checkers; tests/client/test_relay_client.py holds it to the oneof.)
+Request: TypeAlias = (
+    pb.CreateChannel
+    | pb.Subscribe
+    | pb.Unsubscribe
+    | pb.Publish
+    | pb.Commit
+    | pb.Refresh
+    | pb.JoinRequest
+)
+
+# The oneof field of each request type, read from the descriptor so that the proto is
+# the one place that says which message goes in which field.
+_FIELD: dict[type, str] = {
+    message_factory.GetMessageClass(field.message_type): field.name
+    for field in pb.ClientFrame.DESCRIPTOR.oneofs_by_name["kind"].fields
+}
+
+
+def client_frame(request: Request, request_id: int) -> pb.ClientFrame:
+    """The ``ClientFrame`` carrying ``request`` (copied into the oneof field of its
+    type), numbered ``request_id``. TypeError for a message that is not a request.
+
+    >>> client_frame(pb.Unsubscribe(channel="acme/ns/svc"), 7).WhichOneof("kind")
+    'unsubscribe'
+    """
+    try:
+        field = _FIELD[type(request)]
+    except KeyError:
+        raise TypeError(
+            f"not a relay request: {type(request).__name__} (expected one of "
+            f"{', '.join(t.__name__ for t in _FIELD)})"
+        ) from None
+    frame = pb.ClientFrame(request_id=request_id)
+    # CopyFrom on the field, not a keyword argument: no dict per frame on the hot path.
+    getattr(frame, field).CopyFrom(request)
+    return frame
+
+
+def encode(request: Request, request_id: int) -> bytes:
+    """``request`` framed and encoded; ValueError over :data:`MAX_FRAME`."""
+    return within_limit(client_frame(request, request_id).SerializeToString())
 
 
 class RelayConnection:
@@ -115,7 +163,7 @@ class RelayConnection:
         if stream is None:
             return
         opened, ended, frames = stream.drain()
-        over = read_drained(frames, ended, self._dispatch)
+        over = read_drained(frames, ended, self._dispatch, pb.ServerFrame.FromString)
         if over is not None:
             # Before open() saw the stream accepted, an end is a refusal: open() raises it.
             self._finish(over.error)
@@ -204,7 +252,17 @@ class RelayConnection:
         unless ``check`` is false."""
         reply = await asyncio.wait_for(await self.send(request), timeout)
         if check and reply.code != 0:
-            raise RelayError(reply)
+            raise RelayError(
+                Reply(
+                    reply.request_id,
+                    reply.code,
+                    reply.message,
+                    reply.seq,
+                    reply.epoch,
+                    reply.head_seq,
+                    reply.cipher_suite,
+                )
+            )
         return reply
 
     async def close(self) -> None:

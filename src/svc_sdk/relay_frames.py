@@ -1,66 +1,178 @@
 """The relay protocol as the client writes it (proto/relay.proto): the requests a
-``ClientFrame`` carries, their encoding, where a relay address points, and the errors of
-a Reply or a stream. No event loop and no thread here: the client's relay link
-(``relay_link.py``, threads) and the asyncio client (``relay_client.py``) both build on it.
+``ClientFrame`` carries and the events a ``ServerFrame`` brings, their encoding, where a
+relay address points, and the errors of a Reply or a stream. No event loop and no
+thread here: the client's relay link (``relay_link.py``, threads) builds on it.
 
-    >>> client_frame(pb.Unsubscribe(channel="acme/ns/svc"), 7).request_id
-    7
+Frames are encoded and decoded by the native extension (``native/src/frames.rs``, prost
+over the proto's field numbers), so an agent loads no protobuf runtime (~5 MiB of its
+memory); the relay parses the same bytes with the generated module (``svc_sdk.protocol``).
+
+    >>> Unsubscribe(channel="acme/ns/svc").encode(7)
+    b'\x08\x07"\r\n\x0bacme/ns/svc'
+    >>> decode(Unsubscribe(channel="acme/ns/svc").encode(7)) is None  # not a ServerFrame kind
+    True
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias, TypeVar
 
-from google.protobuf import message_factory
-
-from svc_sdk import credentials
+from svc_sdk import _native, credentials
 from svc_sdk._codes import Code as Code  # re-exported: the name callers know
 from svc_sdk._native import RelayChannel
-from svc_sdk._relay_pb import relay_pb2 as pb
 
 log = logging.getLogger("svc_sdk.relay")
 
+
+# -- requests: ClientFrame's kind oneof ------------------------------------------------
+
+
+class CreateChannel(NamedTuple):
+    """Creates ``channel`` from its owner's GroupInfo; without one, asks for the
+    channel's head (``head_seq``, ``epoch``)."""
+
+    channel: str
+    group_info: bytes = b""
+
+    def encode(self, request_id: int) -> bytes:
+        return _native.encode_create(request_id, self.channel, self.group_info)
+
+
+class Subscribe(NamedTuple):
+    """Deliveries of ``channel`` after ``after_seq``, numbered ``subscription``."""
+
+    channel: str
+    after_seq: int = 0
+    subscription: int = 0
+
+    def encode(self, request_id: int) -> bytes:
+        return _native.encode_subscribe(request_id, self.channel, self.after_seq, self.subscription)
+
+
+class Unsubscribe(NamedTuple):
+    channel: str
+
+    def encode(self, request_id: int) -> bytes:
+        return _native.encode_unsubscribe(request_id, self.channel)
+
+
+class Publish(NamedTuple):
+    """MLS messages stored in this order; ``message_id``: none, or one id per message."""
+
+    channel: str
+    message: Sequence[bytes]
+    message_id: Sequence[bytes] = ()
+
+    def encode(self, request_id: int) -> bytes:
+        return _native.encode_publish(request_id, self.channel, self.message, self.message_id)
+
+
+class Commit(NamedTuple):
+    """A commit for ``epoch``, with the Welcome of the members it adds."""
+
+    channel: str
+    epoch: int
+    commit: bytes
+    welcome: bytes = b""
+
+    def encode(self, request_id: int) -> bytes:
+        return _native.encode_commit(
+            request_id, self.channel, self.epoch, self.commit, self.welcome
+        )
+
+
+class Refresh(NamedTuple):
+    """Replaces the stream's token."""
+
+    token: str
+
+    def encode(self, request_id: int) -> bytes:
+        return _native.encode_refresh(request_id, self.token)
+
+
+class JoinRequest(NamedTuple):
+    """Posts an invite redemption's key package (``join_id``) to ``channel``."""
+
+    channel: str
+    join_id: str
+
+    def encode(self, request_id: int) -> bytes:
+        return _native.encode_join(request_id, self.channel, self.join_id)
+
+
 #: What a client asks the relay: one of the messages of ``ClientFrame``'s ``kind`` oneof.
-#: (Written out for type checkers; tests/client/test_relay_client.py holds it to the oneof.)
 Request: TypeAlias = (
-    pb.CreateChannel
-    | pb.Subscribe
-    | pb.Unsubscribe
-    | pb.Publish
-    | pb.Commit
-    | pb.Refresh
-    | pb.JoinRequest
+    CreateChannel | Subscribe | Unsubscribe | Publish | Commit | Refresh | JoinRequest
 )
-
-# The oneof field of each request type, read from the descriptor so that the proto is
-# the one place that says which message goes in which field.
-_FIELD: dict[type, str] = {
-    message_factory.GetMessageClass(field.message_type): field.name
-    for field in pb.ClientFrame.DESCRIPTOR.oneofs_by_name["kind"].fields
-}
+_REQUESTS = (CreateChannel, Subscribe, Unsubscribe, Publish, Commit, Refresh, JoinRequest)
 
 
-def client_frame(request: Request, request_id: int) -> pb.ClientFrame:
-    """The ``ClientFrame`` carrying ``request`` (copied into the oneof field of its
-    type), numbered ``request_id``. TypeError for a message that is not a request.
+# -- events: ServerFrame's kind oneof --------------------------------------------------
 
-    >>> client_frame(pb.Unsubscribe(channel="acme/ns/svc"), 7).WhichOneof("kind")
-    'unsubscribe'
-    """
-    try:
-        field = _FIELD[type(request)]
-    except KeyError:
-        raise TypeError(
-            f"not a relay request: {type(request).__name__} (expected one of "
-            f"{', '.join(t.__name__ for t in _FIELD)})"
-        ) from None
-    frame = pb.ClientFrame(request_id=request_id)
-    # CopyFrom on the field, not a keyword argument: no dict per frame on the hot path.
-    getattr(frame, field).CopyFrom(request)
-    return frame
+
+class Reply(NamedTuple):
+    """The answer to request ``request_id``: ``code`` 0 (OK) or a google.rpc.Code."""
+
+    request_id: int = 0
+    code: int = 0
+    message: str = ""
+    seq: int = 0
+    epoch: int = 0
+    head_seq: int = 0
+    cipher_suite: int = 0
+
+
+class Delivery(NamedTuple):
+    """One stored message of a channel, as a subscription delivers it."""
+
+    channel: str
+    seq: int
+    message: bytes
+    sender: bytes
+    handshake: bool
+    epoch: int
+    subscription: int
+
+
+class Deliveries(NamedTuple):
+    items: list[Delivery]
+
+
+class Welcome(NamedTuple):
+    """This agent was added to ``channel`` by the commit at ``seq``."""
+
+    channel: str
+    welcome: bytes
+    seq: int
+    epoch: int
+
+
+class Lagged(NamedTuple):
+    """A subscription fell too far behind the live stream: resubscribe from the cursor."""
+
+    channel: str
+
+
+#: What the relay sends: one of the messages of ``ServerFrame``'s ``kind`` oneof.
+Event: TypeAlias = Reply | Deliveries | Welcome | Lagged
+
+
+def decode(data: bytes) -> Event | None:
+    """The event an encoded ``ServerFrame`` carries; None for a kind this client does
+    not know (a newer relay's). ValueError for bytes that are not a ServerFrame."""
+    kind, fields = _native.decode_server_frame(data)
+    if kind == 1:
+        return Reply._make(fields)
+    if kind == 2:
+        return Deliveries([Delivery._make(item) for item in fields])
+    if kind == 3:
+        return Welcome._make(fields)
+    if kind == 4:
+        return Lagged._make(fields)
+    return None
 
 
 def target_of(endpoint: str) -> str:
@@ -81,8 +193,18 @@ MAX_FRAME = 16 * 1024 * 1024
 
 
 def encode(request: Request, request_id: int) -> bytes:
-    """``request`` framed and encoded; ValueError over :data:`MAX_FRAME`."""
-    data: bytes = client_frame(request, request_id).SerializeToString()
+    """``request`` framed and encoded; TypeError for what is not a request, ValueError
+    over :data:`MAX_FRAME`."""
+    if not isinstance(request, _REQUESTS):
+        raise TypeError(
+            f"not a relay request: {type(request).__name__} (expected one of "
+            f"{', '.join(t.__name__ for t in _REQUESTS)})"
+        )
+    return within_limit(request.encode(request_id))
+
+
+def within_limit(data: bytes) -> bytes:
+    """An encoded ClientFrame, refused (ValueError) over :data:`MAX_FRAME`."""
     if len(data) > MAX_FRAME:
         # Refused here, not by the stream: a frame over the limit would end the stream,
         # and the request would fail again on every reconnect.
@@ -118,7 +240,7 @@ def open_channel(
 class RelayError(Exception):
     """A Reply with a non-OK code."""
 
-    def __init__(self, reply: pb.Reply) -> None:
+    def __init__(self, reply: Reply) -> None:
         super().__init__(f"{code_name(reply.code)}: {reply.message}")
         self.reply = reply
         self.code = reply.code
@@ -144,17 +266,21 @@ class Ended:
         self.error = error
 
 
+_Parsed = TypeVar("_Parsed")
+
+
 def read_drained(
     frames: list[bytes],
     ended: tuple[int, str] | None,
-    dispatch: Callable[[pb.ServerFrame], None],
+    dispatch: Callable[[_Parsed], None],
+    parse: Callable[[bytes], _Parsed],
 ) -> Ended | None:
     """One ``RelayStream.drain()``'s frames and end, read: each frame parsed and handed to
     ``dispatch`` in order. :class:`Ended` if the stream is over — it ended, or a frame could
     not be read or dispatched (that ends it, as INTERNAL) — else None."""
     try:
         for data in frames:
-            dispatch(pb.ServerFrame.FromString(data))
+            dispatch(parse(data))
     except Exception as exc:
         log.warning("relay stream dropped: %s: %s", type(exc).__name__, exc)
         return Ended(StreamError(Code.INTERNAL, f"unreadable frame: {exc}"))

@@ -21,9 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
-from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import (
     AuthError,
     ChannelClosedError,
@@ -32,7 +31,19 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
-from svc_sdk.relay_frames import RelayError, Request
+from svc_sdk.relay_frames import (
+    Deliveries,
+    Delivery,
+    Event,
+    Lagged,
+    Refresh,
+    RelayError,
+    Reply,
+    Request,
+    Subscribe,
+    Unsubscribe,
+    Welcome,
+)
 from svc_sdk.relay_stream import StreamConnection
 
 log = logging.getLogger("svc_sdk.relay")
@@ -46,22 +57,6 @@ _jitter = random.Random()  # noqa: S311
 # listener that takes the connection and then says nothing is passed over for the next
 # address, not waited on until keepalive gives up (40 s).
 OPEN_TIMEOUT = 5.0
-
-
-class Delivery(NamedTuple):
-    """One delivery of a frame, its fields read out once (``pb.Delivery``'s meaning).
-
-    Not the parsed ``pb.Delivery`` itself: that keeps its whole frame's parse alive
-    (about twice the frame's bytes) while any delivery of it waits in a channel's
-    backlog, and copies the message each time ``message`` is read."""
-
-    channel: str
-    seq: int
-    message: bytes
-    sender: bytes
-    handshake: bool
-    epoch: int
-    subscription: int
 
 
 class Sink(Protocol):
@@ -125,7 +120,7 @@ class RelayLink:
         self._renew_after = 0.0  # monotonic: no token renewal before this
         self._subs: dict[str, _Sub] = {}
         self._subscription_ids = itertools.count(1)  # Subscribe.subscription, per link
-        self._welcomes: dict[str, list[pb.Welcome]] = {}
+        self._welcomes: dict[str, list[Welcome]] = {}
         self._welcome_arrived = threading.Condition()
         self._closing = False
         self._stop = threading.Event()  # wakes the link's thread out of its waits
@@ -167,7 +162,7 @@ class RelayLink:
 
     def send_soon(
         self, request: Request, *, timeout: float, pin: int | None = None
-    ) -> concurrent.futures.Future[pb.Reply]:
+    ) -> concurrent.futures.Future[Reply]:
         """Writes ``request`` from the calling thread now and returns the future of its OK
         Reply (a non-OK one fails it with RelayError): the hot path (publishes) waits for
         nothing but the write. Frames of one thread leave in its call order.
@@ -179,7 +174,7 @@ class RelayLink:
         with TransportError and nothing is resent (the outbox resends in order itself)."""
         if self._closing:
             raise ChannelClosedError("the client is closed")
-        future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
+        future: concurrent.futures.Future[Reply] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
         deadline = time.monotonic() + timeout
         pinned = pin is not None
@@ -199,7 +194,7 @@ class RelayLink:
 
     def _unsent(
         self,
-        future: concurrent.futures.Future[pb.Reply],
+        future: concurrent.futures.Future[Reply],
         request: Request,
         deadline: float,
         pinned: bool,
@@ -214,11 +209,11 @@ class RelayLink:
 
     def _replied(
         self,
-        future: concurrent.futures.Future[pb.Reply],
+        future: concurrent.futures.Future[Reply],
         request: Request,
         deadline: float,
         pinned: bool,
-        done: concurrent.futures.Future[pb.Reply],
+        done: concurrent.futures.Future[Reply],
     ) -> None:
         if done.cancelled() or done.exception() is not None:  # the stream broke first
             self._unsent(
@@ -230,7 +225,7 @@ class RelayLink:
             future.set_result(done.result())
 
     def _retry(
-        self, future: concurrent.futures.Future[pb.Reply], request: Request, deadline: float
+        self, future: concurrent.futures.Future[Reply], request: Request, deadline: float
     ) -> None:
         def again() -> None:
             try:
@@ -252,7 +247,7 @@ class RelayLink:
 
     # -- operations (any thread; they block) ---------------------------------------------
 
-    def request(self, request: Request, *, timeout: float, retry: bool = True) -> pb.Reply:
+    def request(self, request: Request, *, timeout: float, retry: bool = True) -> Reply:
         """Sends ``request`` and returns its OK Reply. Waits out reconnects (resending
         when ``retry``) until ``timeout``; a non-OK Reply raises RelayError, no answer in
         time TransportError, a client closed meanwhile ChannelClosedError."""
@@ -314,7 +309,7 @@ class RelayLink:
             conn = self._conn
             if conn is not None:
                 with contextlib.suppress(Exception):
-                    conn.send(pb.Unsubscribe(channel=channel))
+                    conn.send(Unsubscribe(channel=channel))
 
     def wait_received(self, channel: str, seq: int, timeout: float) -> None:
         """Waits until the sink of ``channel`` was handed everything up to ``seq``."""
@@ -328,7 +323,7 @@ class RelayLink:
             if self._stop.wait(0.005):
                 raise ChannelClosedError("the client is closed")
 
-    def welcome(self, channel: str, timeout: float) -> pb.Welcome:
+    def welcome(self, channel: str, timeout: float) -> Welcome:
         """The next Welcome for ``channel`` (one that already arrived counts);
         TimeoutError if none comes within ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -391,7 +386,7 @@ class RelayLink:
                     self.generation += 1
                 conn.open(OPEN_TIMEOUT)
                 # The first Reply proves the stream is up and the token accepted.
-                reply = conn.send(pb.Refresh(token=token)).result(5.0 if attempt else 10.0)
+                reply = conn.send(Refresh(token=token)).result(5.0 if attempt else 10.0)
                 if reply.code != 0:
                     raise RelayError(reply)
                 self._resubscribe_all(conn)
@@ -480,7 +475,7 @@ class RelayLink:
             self._renew_after = time.monotonic() + 5
             return
         with contextlib.suppress(Exception):
-            conn.send(pb.Refresh(token=token))
+            conn.send(Refresh(token=token))
 
     # -- subscriptions -------------------------------------------------------------------
 
@@ -499,7 +494,7 @@ class RelayLink:
 
     def _send_subscribe(
         self, sub: _Sub, channel: str, conn: StreamConnection
-    ) -> concurrent.futures.Future[pb.Reply] | None:
+    ) -> concurrent.futures.Future[Reply] | None:
         """Writes the Subscribe (caller holds the lock); None while paused."""
         if sub.paused:  # resume() subscribes it
             sub.ready.set()
@@ -508,16 +503,16 @@ class RelayLink:
         # the new subscription's deliveries count, and it starts right after the cursor.
         sub.current = next(self._subscription_ids)
         return conn.send(
-            pb.Subscribe(channel=channel, after_seq=sub.received, subscription=sub.current)
+            Subscribe(channel=channel, after_seq=sub.received, subscription=sub.current)
         )
 
-    def _subscribed(self, sub: _Sub, channel: str, reply: pb.Reply) -> None:
+    def _subscribed(self, sub: _Sub, channel: str, reply: Reply) -> None:
         if reply.code != 0:
             sub.sink._failed(relay_error(RelayError(reply), channel))
         sub.head = reply.head_seq
         sub.ready.set()
 
-    def _resubscribe(self, sub: _Sub, channel: str) -> concurrent.futures.Future[pb.Reply] | None:
+    def _resubscribe(self, sub: _Sub, channel: str) -> concurrent.futures.Future[Reply] | None:
         """Subscribes again, not waiting for the Reply (caller holds the lock; hand the
         future to :meth:`_when_subscribed` after releasing it): for the reading thread,
         and for resume(), which must not block."""
@@ -530,7 +525,7 @@ class RelayLink:
             return None  # the stream is ending: the next connection subscribes it
 
     def _when_subscribed(
-        self, sub: _Sub, channel: str, future: concurrent.futures.Future[pb.Reply] | None
+        self, sub: _Sub, channel: str, future: concurrent.futures.Future[Reply] | None
     ) -> None:
         """Takes in the Reply to a resubscribe when it comes (not holding the lock: a
         refusal closes the channel, which may call back into the link)."""
@@ -538,19 +533,18 @@ class RelayLink:
             future.add_done_callback(partial(self._on_resubscribed, sub, channel))
 
     def _on_resubscribed(
-        self, sub: _Sub, channel: str, done: concurrent.futures.Future[pb.Reply]
+        self, sub: _Sub, channel: str, done: concurrent.futures.Future[Reply]
     ) -> None:
         if not done.cancelled() and done.exception() is None:
             self._subscribed(sub, channel, done.result())
 
     # -- the stream's reading thread -----------------------------------------------------
 
-    def _on_frame(self, frame: pb.ServerFrame) -> None:
-        kind = frame.WhichOneof("kind")
-        if kind == "deliveries":
+    def _on_frame(self, frame: Event) -> None:
+        if isinstance(frame, Deliveries):
             with self._lock:
                 by_channel: dict[str, list[Delivery]] = {}
-                for item in frame.deliveries.items:
+                for item in frame.items:
                     name, seq, subscription = item.channel, item.seq, item.subscription
                     sub = self._subs.get(name)
                     if sub is None or seq <= sub.received:
@@ -558,17 +552,7 @@ class RelayLink:
                     if subscription != sub.current and (subscription or sub.paused):
                         continue  # an earlier subscription's, or paused (0: an older relay's)
                     sub.received = seq
-                    by_channel.setdefault(name, []).append(
-                        Delivery(
-                            name,
-                            seq,
-                            item.message,
-                            item.sender,
-                            item.handshake,
-                            item.epoch,
-                            subscription,
-                        )
-                    )
+                    by_channel.setdefault(name, []).append(item)
                 for channel, items in by_channel.items():
                     sub = self._subs.get(channel)
                     # Pausing needs a relay that numbers deliveries: with an older one,
@@ -576,12 +560,12 @@ class RelayLink:
                     # one's.
                     if sub is not None and sub.sink._deliver(items) and items[-1].subscription:
                         self._pause(sub, channel)
-        elif kind == "welcome":
+        elif isinstance(frame, Welcome):
             with self._welcome_arrived:
-                self._welcomes.setdefault(frame.welcome.channel, []).append(frame.welcome)
+                self._welcomes.setdefault(frame.channel, []).append(frame)
                 self._welcome_arrived.notify_all()
-        elif kind == "lagged":
-            channel = frame.lagged.channel
+        elif isinstance(frame, Lagged):
+            channel = frame.channel
             with self._lock:
                 sub = self._subs.get(channel)
                 if sub is None or sub.paused:
@@ -602,7 +586,7 @@ class RelayLink:
         conn = self._conn
         if conn is not None:
             with contextlib.suppress(Exception):
-                conn.send(pb.Unsubscribe(channel=channel))
+                conn.send(Unsubscribe(channel=channel))
 
     def resume(self, channel: str) -> None:
         """The sink of ``channel`` drained its backlog: subscribe again after the last

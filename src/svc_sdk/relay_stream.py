@@ -13,7 +13,7 @@ the same stream from a loop.
 
     >>> conn = StreamConnection(endpoint, token, b"agent-a", on_frame=print)
     >>> conn.open(timeout=5)
-    >>> reply = conn.send(pb.Refresh(token=token)).result(timeout=10)
+    >>> reply = conn.send(Refresh(token=token)).result(timeout=10)
 """
 
 from __future__ import annotations
@@ -25,8 +25,16 @@ import threading
 from collections.abc import Callable
 
 from svc_sdk._native import RelayStream
-from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_frames import Request, StreamError, encode, open_channel, read_drained
+from svc_sdk.relay_frames import (
+    Event,
+    Reply,
+    Request,
+    StreamError,
+    decode,
+    encode,
+    open_channel,
+    read_drained,
+)
 
 # How long the reading thread sleeps in one wait when nothing arrives: only how soon it
 # sees a close() that raced its wait (close() ends the stream, which wakes it anyway).
@@ -42,7 +50,7 @@ class StreamConnection:
         token: str,
         identity: bytes,
         *,
-        on_frame: Callable[[pb.ServerFrame], None],
+        on_frame: Callable[[Event], None],
         keepalive: float = 30.0,
         keepalive_timeout: float = 10.0,
     ) -> None:
@@ -53,7 +61,7 @@ class StreamConnection:
         self._on_frame = on_frame
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._pending: dict[int, concurrent.futures.Future[pb.Reply]] = {}
+        self._pending: dict[int, concurrent.futures.Future[Reply]] = {}
         self._stream: RelayStream | None = None
         self._opened = False
         self._news = threading.Event()  # set once opened or ended: what open() waits for
@@ -87,7 +95,7 @@ class StreamConnection:
             self.close()
             raise TimeoutError(f"relay {self.endpoint} did not accept the stream in time")
 
-    def send(self, request: Request) -> concurrent.futures.Future[pb.Reply]:
+    def send(self, request: Request) -> concurrent.futures.Future[Reply]:
         """Writes ``request`` in a frame of its own from the calling thread and returns
         the future of the relay's Reply, whatever its code. Frames of one thread leave in
         its call order. TypeError for a message that is not a request, ValueError for a
@@ -95,7 +103,7 @@ class StreamConnection:
         with the stream's error, or ConnectionError, if it ends first."""
         request_id = next(self._ids)
         data = encode(request, request_id)
-        future: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
+        future: concurrent.futures.Future[Reply] = concurrent.futures.Future()
         with self._lock:
             stream = self._stream
             if stream is None:
@@ -123,7 +131,7 @@ class StreamConnection:
                 if self._stream is not stream:
                     return  # closed
             opened, ended, frames = stream.drain()
-            over = read_drained(frames, ended, self._dispatch)
+            over = read_drained(frames, ended, self._dispatch, decode)
             if over is not None:
                 # Before open() saw the stream accepted, an end is a refusal: open() raises
                 # it.
@@ -134,13 +142,13 @@ class StreamConnection:
                 self._news.set()
             poller.poll(_POLL_MS)
 
-    def _dispatch(self, frame: pb.ServerFrame) -> None:
-        if frame.WhichOneof("kind") == "reply":
+    def _dispatch(self, frame: Event | None) -> None:
+        if isinstance(frame, Reply):
             with self._lock:
-                future = self._pending.pop(frame.reply.request_id, None)
+                future = self._pending.pop(frame.request_id, None)
             if future is not None:
-                _settle(future, frame.reply)
-        else:
+                _settle(future, frame)
+        elif frame is not None:  # None: a kind this client does not know
             self._on_frame(frame)
 
     def _finish(self, error: StreamError | None) -> None:
@@ -160,7 +168,7 @@ class StreamConnection:
         self._news.set()
 
 
-def _settle(future: concurrent.futures.Future[pb.Reply], outcome: pb.Reply | BaseException) -> None:
+def _settle(future: concurrent.futures.Future[Reply], outcome: Reply | BaseException) -> None:
     """Settles a waiting request's future; one its caller cancelled meanwhile is left."""
     try:
         if isinstance(outcome, BaseException):

@@ -21,7 +21,7 @@ from svc_sdk import (
     Envelope,
     Protocol,
 )
-from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.relay_frames import Publish
 from svc_sdk.testing import LocalStack
 
 from .helpers import client, pair
@@ -371,7 +371,7 @@ def test_a_members_replayed_message_is_skipped_by_an_async_reader(
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca, cb:
         ciphertext = chan_a._group.encrypt(b"once")
-        frame = pb.Publish(channel=channel_name, message=[ciphertext, ciphertext])
+        frame = Publish(channel=channel_name, message=[ciphertext, ciphertext])
         ca.link.send_soon(frame, timeout=10).result(10)
         chan_a.send(b"after")
 

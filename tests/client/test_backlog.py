@@ -16,13 +16,21 @@ import pytest
 from svc_sdk import Channel
 from svc_sdk import channel as channel_module
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_link import PAUSED, Delivery, RelayLink, _Sub
+from svc_sdk.relay_frames import Deliveries, Delivery, Event, Lagged, decode
+from svc_sdk.relay_link import PAUSED, RelayLink, _Sub
 from svc_sdk.testing import LocalStack
 
 from .helpers import pair
 
 MAX_BATCH = 256  # deliveries in one relay frame (server/relay/hub.py)
 MAX_BATCH_BYTES = 256 * 1024  # a relay frame closes once its encoded deliveries reach this
+
+
+def event(frame: pb.ServerFrame) -> Event:
+    """``frame`` as the relay sends it and the link gets it: encoded, then decoded."""
+    decoded = decode(frame.SerializeToString())
+    assert decoded is not None
+    return decoded
 
 
 class Watch:
@@ -168,9 +176,9 @@ def test_lagged_resubscribes_unless_paused(
     lagged = 0
     on_frame = RelayLink._on_frame
 
-    def counting(self: RelayLink, frame: pb.ServerFrame) -> None:
+    def counting(self: RelayLink, frame: Event) -> None:
         nonlocal lagged
-        lagged += frame.WhichOneof("kind") == "lagged"
+        lagged += isinstance(frame, Lagged)
         on_frame(self, frame)
 
     monkeypatch.setattr(RelayLink, "_on_frame", counting)
@@ -204,9 +212,9 @@ def test_deliveries_the_old_subscription_had_queued_are_not_taken_for_the_new_on
     resumed_early = 0
     on_frame = RelayLink._on_frame
 
-    def drained_between_frames(self: RelayLink, frame: pb.ServerFrame) -> None:
+    def drained_between_frames(self: RelayLink, frame: Event) -> None:
         nonlocal resumed_early
-        items = frame.deliveries.items if frame.WhichOneof("kind") == "deliveries" else []
+        items = frame.items if isinstance(frame, Deliveries) else []
         sub = self._subs.get(items[0].channel) if items else None
         was_paused = sub is not None and sub.paused
         on_frame(self, frame)
@@ -256,10 +264,12 @@ def test_the_link_takes_only_the_current_subscriptions_deliveries() -> None:
     sink = _ListSink(full_after=3)
     link._subs["a/b/c"] = _Sub(sink, received=5, current=3)
 
-    def frame(*items: tuple[int, int]) -> pb.ServerFrame:
-        return pb.ServerFrame(
-            deliveries=pb.Deliveries(
-                items=[pb.Delivery(channel="a/b/c", seq=s, subscription=n) for s, n in items]
+    def frame(*items: tuple[int, int]) -> Event:
+        return event(
+            pb.ServerFrame(
+                deliveries=pb.Deliveries(
+                    items=[pb.Delivery(channel="a/b/c", seq=s, subscription=n) for s, n in items]
+                )
             )
         )
 
@@ -272,7 +282,7 @@ def test_the_link_takes_only_the_current_subscriptions_deliveries() -> None:
     assert sub.paused and sub.current == PAUSED and sub.received == 8
     link._on_frame(frame((9, 3), (10, 2**64 - 1), (11, 0)))
     assert sink.items == [(6, 3), (7, 0), (8, 3)]
-    link._on_frame(pb.ServerFrame(lagged=pb.Lagged(channel="a/b/c")))  # stays paused
+    link._on_frame(event(pb.ServerFrame(lagged=pb.Lagged(channel="a/b/c"))))  # stays paused
     assert sub.paused
 
 
@@ -334,7 +344,9 @@ def test_a_queued_delivery_does_not_keep_its_whole_frame_in_memory() -> None:
     gc.collect()
     before = _heap_in_use()
     for one in data:
-        link._on_frame(pb.ServerFrame.FromString(one))
+        decoded = decode(one)
+        assert decoded is not None
+        link._on_frame(decoded)
     gc.collect()
     grown = _heap_in_use() - before
     assert len(sink.kept) == frames and all(len(d.message) == size for d in sink.kept)

@@ -18,9 +18,9 @@ from svc_sdk import (
     SvcClient,
     TransportError,
 )
-from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.channel import MAX_PAYLOAD
 from svc_sdk.relay_client import RelayError
+from svc_sdk.relay_frames import JoinRequest
 from svc_sdk.testing import LocalStack
 
 from .helpers import client, pair, take
@@ -141,7 +141,7 @@ def test_join_request_frames_are_checked(stack: LocalStack, channel_name: str, i
 
         def post(join: str) -> RelayError:
             with pytest.raises(RelayError) as info:
-                mallory.link.request(pb.JoinRequest(channel=channel_name, join_id=join), timeout=10)
+                mallory.link.request(JoinRequest(channel=channel_name, join_id=join), timeout=10)
             return info.value
 
         assert "not a UUID" in str(post("not-a-uuid"))

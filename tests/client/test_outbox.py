@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from svc_sdk import outbox
-from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.errors import TransportError
 from svc_sdk.relay_client import RelayError
+from svc_sdk.relay_frames import Publish, Reply
 from svc_sdk.relay_link import RelayLink
 from svc_sdk.testing import LocalStack
 
@@ -68,12 +68,12 @@ def hold_first_publish(
 
     def held(request: Any, *, timeout: float, pin: int | None = None) -> Any:
         future = send_soon(request, timeout=timeout, pin=pin)
-        if not isinstance(request, pb.Publish):
+        if not isinstance(request, Publish):
             return future
         frames.append((len(request.message), pin))
         if len(frames) > 1:
             return future
-        proxy: concurrent.futures.Future[pb.Reply] = concurrent.futures.Future()
+        proxy: concurrent.futures.Future[Reply] = concurrent.futures.Future()
 
         def forward() -> None:
             release.wait(30)
@@ -276,8 +276,8 @@ def test_bad_input_at_the_new_entry_points(stack: LocalStack, channel_name: str,
         # The relay's side: message ids must be none or one distinct 1-32 byte id each.
         message = chan_a._group.encrypt(b"x")
 
-        def publish(ids: list[bytes]) -> pb.Reply:
-            frame = pb.Publish(channel=channel_name, message=[message], message_id=ids)
+        def publish(ids: list[bytes]) -> Reply:
+            frame = Publish(channel=channel_name, message=[message], message_id=ids)
             try:
                 return ca.link.request(frame, timeout=10)
             except RelayError as exc:
@@ -308,7 +308,7 @@ def test_sending_stays_ordered_across_reconnects(stack: LocalStack, ids: Any) ->
         got = take(chan_b, 600)
         assert got == [f"{r}:{i}".encode() for r in range(3) for i in range(200)]
         # A frame pinned to an earlier connection never goes out on a later one.
-        frame = pb.Publish(channel=channel, message=[chan_a._group.encrypt(b"never")])
+        frame = Publish(channel=channel, message=[chan_a._group.encrypt(b"never")])
         stale = ca.link.send_soon(frame, timeout=5, pin=ca.link.generation - 1)
         with pytest.raises(TransportError, match="connection lost before sending"):
             stale.result(10)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_frames import Code, StreamError
+from svc_sdk.relay_frames import Code, Deliveries, Event, StreamError, Unsubscribe
 from svc_sdk.relay_stream import StreamConnection
 
 # The fixture too: one event loop for the module, for the fake relays (see its docstring).
@@ -35,7 +35,7 @@ def _readers() -> int:
     return sum(t.name == "svc-relay-read" for t in threading.enumerate())
 
 
-def _opened(url: str, frames: list[pb.ServerFrame] | None = None) -> StreamConnection:
+def _opened(url: str, frames: list[Event] | None = None) -> StreamConnection:
     got = frames if frames is not None else []
     conn = StreamConnection(url, "token", b"agent", on_frame=got.append)
     conn.open(timeout=10)
@@ -47,7 +47,7 @@ async def test_requests_from_many_threads_each_get_their_own_reply() -> None:
         conn = await asyncio.to_thread(_opened, url)
 
         def burst(n: int) -> list[int]:
-            futures = [conn.send(pb.Unsubscribe(channel="a/b/c")) for _ in range(n)]
+            futures = [conn.send(Unsubscribe(channel="a/b/c")) for _ in range(n)]
             return [f.result(10).request_id for f in futures]
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -71,11 +71,12 @@ async def test_frames_other_than_replies_go_to_the_callback_in_order() -> None:
             yield pb.ServerFrame(reply=pb.Reply(request_id=request.request_id)).SerializeToString()
 
     async def test(url: str) -> None:
-        got: list[pb.ServerFrame] = []
+        got: list[Event] = []
         conn = await asyncio.to_thread(_opened, url, got)
         # The Reply follows the 50 deliveries on the stream: all were handed over first.
-        await asyncio.to_thread(conn.send(pb.Unsubscribe(channel="a/b/c")).result, 10)
-        assert [f.deliveries.items[0].seq for f in got] == list(range(1, 51))
+        await asyncio.to_thread(conn.send(Unsubscribe(channel="a/b/c")).result, 10)
+        assert [f.items[0].seq for f in got if isinstance(f, Deliveries)] == list(range(1, 51))
+        assert len(got) == 50
         conn.close()
 
     await relay_with(push, test)
@@ -84,13 +85,13 @@ async def test_frames_other_than_replies_go_to_the_callback_in_order() -> None:
 async def test_an_unreadable_frame_ends_the_stream_and_fails_waiting_requests() -> None:
     async def test(url: str) -> None:
         conn = await asyncio.to_thread(_opened, url)
-        future = conn.send(pb.Unsubscribe(channel="a/b/c"))
+        future = conn.send(Unsubscribe(channel="a/b/c"))
         with pytest.raises(StreamError, match="unreadable frame"):
             await asyncio.to_thread(future.result, 10)
         assert conn.ended.is_set()
         assert isinstance(conn.end, StreamError) and conn.end.status == Code.INTERNAL
         with pytest.raises(ConnectionError):
-            conn.send(pb.Unsubscribe(channel="a/b/c"))
+            conn.send(Unsubscribe(channel="a/b/c"))
 
     await relay_with(garbage, test)
 
@@ -142,7 +143,7 @@ async def test_close_fails_what_waits_and_stops_the_reading_thread() -> None:
         readers = _readers()
         conn = await asyncio.to_thread(_opened, url)
         assert _readers() == readers + 1
-        waiting = [conn.send(pb.Unsubscribe(channel="a/b/c")) for _ in range(10)]
+        waiting = [conn.send(Unsubscribe(channel="a/b/c")) for _ in range(10)]
         conn.close()
         conn.close()  # idempotent
         for future in waiting:
@@ -150,7 +151,7 @@ async def test_close_fails_what_waits_and_stops_the_reading_thread() -> None:
                 future.result(5)
         assert conn.ended.is_set() and conn.end is None  # a local close is a clean end
         with pytest.raises(ConnectionError):
-            conn.send(pb.Unsubscribe(channel="a/b/c"))
+            conn.send(Unsubscribe(channel="a/b/c"))
         await asyncio.to_thread(_wait_until, lambda: _readers() == readers)
         stop.set()
 

@@ -359,11 +359,14 @@ def test_the_client_imports_neither_pythons_grpc_nor_an_http_stack() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_a_blocking_agent_loads_no_event_loop_and_no_openssl(stack: LocalStack) -> None:
+def test_a_blocking_agent_loads_no_event_loop_no_openssl_and_no_protobuf(
+    stack: LocalStack,
+) -> None:
     """An agent that uses the blocking client — connected, in a channel, sending and
-    receiving — imports neither asyncio (with ssl, ~9 MiB of an agent's RSS) nor
-    Python's OpenSSL bindings (hashlib's or ssl's, ~3 MiB for libcrypto): its relay link
-    runs on threads, and its TLS is the native extension's."""
+    receiving — imports neither asyncio (with ssl, ~9 MiB of an agent's RSS), nor
+    Python's OpenSSL bindings (hashlib's or ssl's, ~3 MiB for libcrypto), nor protobuf
+    (~5 MiB): its relay link runs on threads, its TLS is the native extension's, and so
+    is its frames' codec."""
     code = (
         "import sys, tempfile\n"
         "from svc_sdk import SvcClient\n"
@@ -375,7 +378,7 @@ def test_a_blocking_agent_loads_no_event_loop_and_no_openssl(stack: LocalStack) 
         "        joined = b.join_channel(chan.name, chan.add_member(b.generate_key_package()))\n"
         "        chan.send(b'hello')\n"
         "        assert joined.next_message(timeout=10).data == b'hello'\n"
-        "heavy = ('asyncio', 'uvloop', 'ssl', '_ssl', 'hashlib', '_hashlib', 'anyio')\n"
+        "heavy = ('asyncio', 'uvloop', 'ssl', '_ssl', 'hashlib', '_hashlib', 'anyio', 'google')\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in heavy)\n"
         "assert not loaded, loaded\n"
     )

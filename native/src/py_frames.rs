@@ -1,0 +1,171 @@
+//! PyO3 bindings of the relay protocol's frames (`frames.rs`): one encoder per request
+//! kind and one decoder of the relay's frames, for `svc_sdk.relay_frames`, which wraps
+//! them in typed Python classes. An agent then loads no protobuf runtime.
+
+use bytes::Bytes;
+use prost::Message;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+use crate::frames::{
+    decode_event, ClientFrame, Commit, CreateChannel, Event, JoinRequest, Publish, Refresh, Request, Subscribe,
+    Unsubscribe,
+};
+
+/// A Python `bytes` as `Bytes`, without copying it (the object is kept alive instead).
+fn shared(b: PyBackedBytes) -> Bytes {
+    Bytes::from_owner(b)
+}
+
+/// Encodes straight into the Python `bytes` object returned: one copy of each payload.
+fn encoded<'py>(py: Python<'py>, request_id: u64, request: Request) -> PyResult<Bound<'py, PyBytes>> {
+    let frame = ClientFrame {
+        request_id,
+        kind: Some(request),
+    };
+    PyBytes::new_with(py, frame.encoded_len(), |mut buf: &mut [u8]| {
+        frame
+            .encode(&mut buf)
+            .map_err(|e| PyValueError::new_err(format!("cannot encode the frame: {e}")))
+    })
+}
+
+#[pyfunction]
+fn encode_create<'py>(
+    py: Python<'py>,
+    request_id: u64,
+    channel: String,
+    group_info: PyBackedBytes,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let group_info = shared(group_info);
+    encoded(py, request_id, Request::Create(CreateChannel { channel, group_info }))
+}
+
+#[pyfunction]
+fn encode_subscribe<'py>(
+    py: Python<'py>,
+    request_id: u64,
+    channel: String,
+    after_seq: u64,
+    subscription: u64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let subscribe = Subscribe {
+        channel,
+        after_seq,
+        subscription,
+    };
+    encoded(py, request_id, Request::Subscribe(subscribe))
+}
+
+#[pyfunction]
+fn encode_unsubscribe<'py>(py: Python<'py>, request_id: u64, channel: String) -> PyResult<Bound<'py, PyBytes>> {
+    encoded(py, request_id, Request::Unsubscribe(Unsubscribe { channel }))
+}
+
+#[pyfunction]
+fn encode_publish<'py>(
+    py: Python<'py>,
+    request_id: u64,
+    channel: String,
+    message: Vec<PyBackedBytes>,
+    message_id: Vec<PyBackedBytes>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let publish = Publish {
+        channel,
+        message: message.into_iter().map(shared).collect(),
+        message_id: message_id.into_iter().map(shared).collect(),
+    };
+    encoded(py, request_id, Request::Publish(publish))
+}
+
+#[pyfunction]
+fn encode_commit<'py>(
+    py: Python<'py>,
+    request_id: u64,
+    channel: String,
+    epoch: u64,
+    commit: PyBackedBytes,
+    welcome: PyBackedBytes,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let commit = Commit {
+        channel,
+        epoch,
+        commit: shared(commit),
+        welcome: shared(welcome),
+    };
+    encoded(py, request_id, Request::Commit(commit))
+}
+
+#[pyfunction]
+fn encode_refresh<'py>(py: Python<'py>, request_id: u64, token: String) -> PyResult<Bound<'py, PyBytes>> {
+    encoded(py, request_id, Request::Refresh(Refresh { token }))
+}
+
+#[pyfunction]
+fn encode_join<'py>(
+    py: Python<'py>,
+    request_id: u64,
+    channel: String,
+    join_id: String,
+) -> PyResult<Bound<'py, PyBytes>> {
+    encoded(py, request_id, Request::Join(JoinRequest { channel, join_id }))
+}
+
+/// A ServerFrame as `(kind, fields)`: kind 1 a Reply `(request_id, code, message, seq,
+/// epoch, head_seq, cipher_suite)`, 2 deliveries (a list of `(channel, seq, message,
+/// sender, handshake, epoch, subscription)`), 3 a Welcome `(channel, welcome, seq,
+/// epoch)`, 4 Lagged `(channel,)`; 0 and `()` for a frame of a kind this client does not
+/// know. ValueError for bytes that are not a ServerFrame.
+#[pyfunction]
+fn decode_server_frame<'py>(py: Python<'py>, frame: PyBackedBytes) -> PyResult<(u8, Bound<'py, PyAny>)> {
+    let event =
+        decode_event(shared(frame)).map_err(|e| PyValueError::new_err(format!("malformed ServerFrame: {e}")))?;
+    Ok(match event {
+        Some(Event::Reply(r)) => {
+            let fields = (
+                r.request_id,
+                r.code,
+                r.message,
+                r.seq,
+                r.epoch,
+                r.head_seq,
+                r.cipher_suite,
+            );
+            (1, fields.into_pyobject(py)?.into_any())
+        }
+        Some(Event::Deliveries(d)) => {
+            let items = d.items.into_iter().map(|i| {
+                (
+                    i.channel,
+                    i.seq,
+                    PyBytes::new(py, &i.message),
+                    PyBytes::new(py, &i.sender),
+                    i.handshake,
+                    i.epoch,
+                    i.subscription,
+                )
+            });
+            (2, PyList::new(py, items)?.into_any())
+        }
+        Some(Event::Welcome(w)) => {
+            let fields = (w.channel, PyBytes::new(py, &w.welcome), w.seq, w.epoch);
+            (3, fields.into_pyobject(py)?.into_any())
+        }
+        Some(Event::Lagged(l)) => (4, (l.channel,).into_pyobject(py)?.into_any()),
+        None => (0, PyTuple::empty(py).into_any()),
+    })
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(encode_create, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_subscribe, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_unsubscribe, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_publish, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_commit, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_refresh, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_join, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_server_frame, m)?)?;
+    Ok(())
+}
