@@ -1,4 +1,4 @@
-"""The relay protocol as the client writes it (proto/relay.proto): the requests a
+r"""The relay protocol as the client writes it (proto/relay.proto): the requests a
 ``ClientFrame`` carries and the events a ``ServerFrame`` brings, their encoding, where a
 relay address points, and the errors of a Reply or a stream. No event loop and no
 thread here: the client's relay link (``relay_link.py``, threads) builds on it.
@@ -9,8 +9,8 @@ memory); the relay parses the same bytes with the generated module (``svc_sdk.pr
 
     >>> Unsubscribe(channel="acme/ns/svc").encode(7)
     b'\x08\x07"\r\n\x0bacme/ns/svc'
-    >>> decode(Unsubscribe(channel="acme/ns/svc").encode(7)) is None  # not a ServerFrame kind
-    True
+    >>> decode(b"\x0a\x04\x08\x07\x20\x0c")  # a ServerFrame: the Reply to request 7
+    Reply(request_id=7, code=0, message='', seq=12, epoch=0, head_seq=0, cipher_suite=0)
 """
 
 from __future__ import annotations
