@@ -12,8 +12,8 @@ call, so no Python thread stands between the socket and the loop.
 Benchmarks and tests use it to drive the protocol by hand; ``SvcClient`` builds on
 ``relay_link`` instead.
 
-A request is one of the messages a ``ClientFrame`` carries (:data:`Request`); every layer
-above passes it on as it is, and :meth:`RelayConnection.send` alone wraps it in a frame.
+A request is one of the generated messages a ``ClientFrame`` carries (:data:`Request`);
+:meth:`RelayConnection.send` alone wraps it in a frame.
 
     >>> async with RelayConnection("127.0.0.1:50051", token, b"agent-a") as relay:
     ...     await relay.request(pb.CreateChannel(channel="acme/ns/svc"))
@@ -85,6 +85,12 @@ def client_frame(request: Request, request_id: int) -> pb.ClientFrame:
 def encode(request: Request, request_id: int) -> bytes:
     """``request`` framed and encoded; ValueError over :data:`MAX_FRAME`."""
     return within_limit(client_frame(request, request_id).SerializeToString())
+
+
+def reply_of(reply: pb.Reply) -> Reply:
+    """The generated message as the agents' ``Reply`` (which :class:`RelayError` carries),
+    read field by field: the tuple has the proto's field names."""
+    return Reply(*(getattr(reply, name) for name in Reply._fields))
 
 
 class RelayConnection:
@@ -252,17 +258,7 @@ class RelayConnection:
         unless ``check`` is false."""
         reply = await asyncio.wait_for(await self.send(request), timeout)
         if check and reply.code != 0:
-            raise RelayError(
-                Reply(
-                    reply.request_id,
-                    reply.code,
-                    reply.message,
-                    reply.seq,
-                    reply.epoch,
-                    reply.head_seq,
-                    reply.cipher_suite,
-                )
-            )
+            raise RelayError(reply_of(reply))
         return reply
 
     async def close(self) -> None:

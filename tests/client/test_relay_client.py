@@ -7,7 +7,8 @@ import typing
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_client import Request, client_frame
+from svc_sdk.relay_client import Request, client_frame, reply_of
+from svc_sdk.relay_frames import Reply
 
 ONEOF = pb.ClientFrame.DESCRIPTOR.oneofs_by_name["kind"]
 
@@ -66,3 +67,12 @@ def test_the_frame_holds_a_copy() -> None:
 def test_a_message_that_is_not_a_request_raises_type_error(message: object) -> None:
     with pytest.raises(TypeError, match="not a relay request"):
         client_frame(message, 1)  # type: ignore[arg-type]
+
+
+def test_a_refusal_carries_every_field_of_the_relays_reply() -> None:
+    """``RelayConnection.request`` raises RelayError with the agents' Reply: each field of
+    the generated message is carried over, none left at its default."""
+    fields = {"request_id": 2**64 - 1, "code": 9, "message": "stale", "seq": 4, "epoch": 7}
+    fields |= {"head_seq": 12, "cipher_suite": 65100}
+    assert set(fields) == {f.name for f in pb.Reply.DESCRIPTOR.fields}
+    assert reply_of(pb.Reply(**fields)) == Reply(**fields)
