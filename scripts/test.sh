@@ -24,6 +24,9 @@ VENV=${SVC_VENV:-.venv}
 "$VENV/bin/pip" install -q --upgrade pip
 "$VENV/bin/pip" install -q -e ".[all,dev]"
 
+# One build per run: incremental state would only add to the target dir's size.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 echo "== rust: format, lint, tests"
 cargo fmt --all --check
 cargo clippy --locked -q -p svc-native --features python,attacker --all-targets -- -D warnings
