@@ -247,12 +247,17 @@ mod tests {
         let wal = dir.path().join("db.sqlite3-wal");
         let mut largest = 0;
         for _ in 0..40 {
-            write(&writer, &checkpoints, 500, 8 * 1024); // ~3 pages a row: ~60,000 in all
+            write(&writer, &checkpoints, 500, 8 * 1024); // ~5 WAL frames a row: ~390 MiB in all
             largest = largest.max(std::fs::metadata(&wal).unwrap().len());
         }
-        let bound = (MAX_WAL_PAGES as u64) * 4096;
-        assert!(largest <= 4 * bound, "the WAL reached {} MiB", largest >> 20);
-        assert!(checkpoints.counts().restarts >= 1);
+        // Without the second pass the WAL takes every frame written. With it, the WAL
+        // still grows by what the writer adds while a first pass copies and syncs:
+        // 75-90 MiB on an idle machine, up to ~140 beside other tests and a disk busy
+        // with other writes (CI failed at 4x MAX_WAL_PAGES). The bound is the property,
+        // not the timing.
+        let bound = 8 * (MAX_WAL_PAGES as u64) * 4096;
+        assert!(largest <= bound, "the WAL reached {} MiB", largest >> 20);
+        assert!(checkpoints.counts().restarts >= 2, "{:?}", checkpoints.counts());
     }
 
     #[test]
