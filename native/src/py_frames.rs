@@ -120,8 +120,13 @@ fn encode_join<'py>(
 /// know. ValueError for bytes that are not a ServerFrame.
 #[pyfunction]
 fn decode_server_frame<'py>(py: Python<'py>, frame: PyBackedBytes) -> PyResult<(u8, Bound<'py, PyAny>)> {
-    let event =
-        decode_event(shared(frame)).map_err(|e| PyValueError::new_err(format!("malformed ServerFrame: {e}")))?;
+    event_of(py, shared(frame))
+}
+
+/// `decode_server_frame` of a frame held as `Bytes`: the transport's frames are read
+/// where they were received, each message copied out once, into its own `bytes`.
+pub(crate) fn event_of(py: Python<'_>, frame: Bytes) -> PyResult<(u8, Bound<'_, PyAny>)> {
+    let event = decode_event(frame).map_err(|e| PyValueError::new_err(format!("malformed ServerFrame: {e}")))?;
     Ok(match event {
         Some(Event::Reply(r)) => {
             let fields = (

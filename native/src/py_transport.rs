@@ -10,6 +10,7 @@ use pyo3::import_exception;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use crate::py_frames::event_of;
 use crate::transport::{
     Connection, ConnectionConfig, HttpClient, HttpError, RelayStream, State, TransportError as SetupError,
     MAX_RESPONSE, RECEIVE_HIGH_WATER,
@@ -17,6 +18,9 @@ use crate::transport::{
 
 import_exception!(svc_sdk.errors, TransportError);
 import_exception!(svc_sdk.errors, ChannelClosedError);
+
+/// The kind `drain_events` gives a frame that is not a ServerFrame.
+const MALFORMED: u8 = 255;
 
 fn to_py(e: SetupError) -> PyErr {
     match e {
@@ -95,6 +99,35 @@ impl PyRelayStream {
             State::Ended { code, message } => (drained.opened, Some((code, message)), frames),
             _ => (drained.opened, None, frames),
         }
+    }
+
+    /// `drain()` with each frame decoded where it was received, as
+    /// `decode_server_frame` decodes it: `(opened, ended, events)`, each event a
+    /// `(kind, fields)` pair. A frame that is not a ServerFrame ends the list as
+    /// `(255, "malformed ServerFrame: …")`, without the frames after it: its reader ends
+    /// the stream there. No frame is copied whole into Python.
+    #[allow(clippy::type_complexity)]
+    fn drain_events<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(bool, Option<(i32, String)>, Vec<(u8, Bound<'py, PyAny>)>)> {
+        let drained = self.inner.drain();
+        let mut events = Vec::with_capacity(drained.frames.len());
+        for frame in drained.frames {
+            match event_of(py, frame) {
+                Ok(event) => events.push(event),
+                Err(error) if error.is_instance_of::<PyValueError>(py) => {
+                    let message = error.value(py).str()?.into_any();
+                    events.push((MALFORMED, message));
+                    break;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(match drained.state {
+            State::Ended { code, message } => (drained.opened, Some((code, message)), events),
+            _ => (drained.opened, None, events),
+        })
     }
 
     /// Queues an encoded ClientFrame; False once the stream has ended or been closed.

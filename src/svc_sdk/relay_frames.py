@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NamedTuple, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from svc_sdk import _native, credentials
 from svc_sdk._codes import Code as Code  # re-exported: the name callers know
@@ -160,10 +160,21 @@ class Lagged(NamedTuple):
 Event: TypeAlias = Reply | Deliveries | Welcome | Lagged
 
 
+#: The kind ``RelayStream.drain_events()`` gives a frame that is not a ServerFrame.
+MALFORMED = 255
+
+
 def decode(data: bytes) -> Event | None:
     """The event an encoded ``ServerFrame`` carries; None for a kind this client does
     not know (a newer relay's). ValueError for bytes that are not a ServerFrame."""
-    kind, fields = _native.decode_server_frame(data)
+    return event(_native.decode_server_frame(data))
+
+
+def event(decoded: tuple[int, Any]) -> Event | None:
+    """The event of one ``(kind, fields)`` pair, as ``_native.decode_server_frame`` and
+    ``RelayStream.drain_events()`` give them; None for a kind this client does not know.
+    ValueError for the pair ``drain_events()`` gives a malformed frame."""
+    kind, fields = decoded
     if kind == 1:
         return Reply._make(fields)
     if kind == 2:
@@ -172,6 +183,8 @@ def decode(data: bytes) -> Event | None:
         return Welcome._make(fields)
     if kind == 4:
         return Lagged._make(fields)
+    if kind == MALFORMED:
+        raise ValueError(fields)
     return None
 
 
@@ -269,15 +282,19 @@ class Ended:
 _Parsed = TypeVar("_Parsed")
 
 
+_Frame = TypeVar("_Frame")
+
+
 def read_drained(
-    frames: list[bytes],
+    frames: list[_Frame],
     ended: tuple[int, str] | None,
     dispatch: Callable[[_Parsed], None],
-    parse: Callable[[bytes], _Parsed],
+    parse: Callable[[_Frame], _Parsed],
 ) -> Ended | None:
-    """One ``RelayStream.drain()``'s frames and end, read: each frame parsed and handed to
-    ``dispatch`` in order. :class:`Ended` if the stream is over — it ended, or a frame could
-    not be read or dispatched (that ends it, as INTERNAL) — else None."""
+    """One ``RelayStream.drain()``'s frames (or ``drain_events()``'s events) and end,
+    read: each parsed and handed to ``dispatch`` in order. :class:`Ended` if the stream
+    is over — it ended, or a frame could not be read or dispatched (that ends it, as
+    INTERNAL) — else None."""
     try:
         for data in frames:
             dispatch(parse(data))

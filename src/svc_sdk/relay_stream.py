@@ -2,7 +2,8 @@
 
 The stream is the native extension's (``svc_sdk._native.RelayStream``: tonic on a tokio
 runtime). Its wake fd turns readable when frames arrive; the stream's reading thread
-waits on it with the GIL released, takes everything that arrived in one ``drain()``,
+waits on it with the GIL released, takes everything that arrived in one
+``drain_events()`` (decoded where it was received, no frame copied into Python),
 settles the futures of Replies and hands every other frame to ``on_frame``. Any thread
 writes: a request is encoded and queued on the stream from the calling thread.
 
@@ -30,8 +31,8 @@ from svc_sdk.relay_frames import (
     Reply,
     Request,
     StreamError,
-    decode,
     encode,
+    event,
     open_channel,
     read_drained,
 )
@@ -130,8 +131,8 @@ class StreamConnection:
             with self._lock:
                 if self._stream is not stream:
                     return  # closed
-            opened, ended, frames = stream.drain()
-            over = read_drained(frames, ended, self._dispatch, decode)
+            opened, ended, events = stream.drain_events()
+            over = read_drained(events, ended, self._dispatch, event)
             if over is not None:
                 # Before open() saw the stream accepted, an end is a refusal: open() raises
                 # it.

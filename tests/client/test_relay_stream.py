@@ -13,8 +13,18 @@ from typing import Any
 
 import pytest
 
+from svc_sdk._native import RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.relay_frames import Code, Deliveries, Event, StreamError, Unsubscribe
+from svc_sdk.relay_frames import (
+    MALFORMED,
+    Code,
+    Deliveries,
+    Event,
+    StreamError,
+    Unsubscribe,
+    decode,
+    event,
+)
 from svc_sdk.relay_stream import StreamConnection
 
 # The fixture too: one event loop for the module, for the fake relays (see its docstring).
@@ -94,6 +104,43 @@ async def test_an_unreadable_frame_ends_the_stream_and_fails_waiting_requests() 
             conn.send(Unsubscribe(channel="a/b/c"))
 
     await relay_with(garbage, test)
+
+
+async def test_drained_events_are_the_frames_decoded_up_to_a_malformed_one() -> None:
+    """``drain_events()`` gives each frame as ``decode`` reads it, and a malformed frame
+    as the MALFORMED pair that ends the list: what the reading thread turns into
+    ValueError, and so into the stream's end."""
+    items = [pb.Delivery(channel="a/b/c", seq=s, message=b"m" * s) for s in (1, 2)]
+    good = [
+        pb.ServerFrame(reply=pb.Reply(request_id=7, seq=3)).SerializeToString(),
+        pb.ServerFrame(deliveries=pb.Deliveries(items=items)).SerializeToString(),
+        pb.ServerFrame(welcome=pb.Welcome(channel="a/b/c", welcome=b"w")).SerializeToString(),
+    ]
+
+    async def push(frames: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
+        for frame in [*good, b"\xff\xff\xff", good[0]]:
+            yield frame
+        async for _ in frames:
+            pass
+
+    async def test(url: str) -> None:
+        stream = RelayStream(RelayChannel(url), [])
+        try:
+            got: list[tuple[int, Any]] = []
+            for _ in range(1000):
+                got += stream.drain_events()[2]
+                if got and got[-1][0] == MALFORMED:
+                    break
+                await asyncio.sleep(0.01)
+            assert [event(e) for e in got[:-1]] == [decode(f) for f in good]
+            kind, message = got[-1]
+            assert kind == MALFORMED and message.startswith("malformed ServerFrame")
+            with pytest.raises(ValueError, match="malformed ServerFrame"):
+                event(got[-1])
+        finally:
+            stream.close()
+
+    await relay_with(push, test)
 
 
 async def test_a_refusal_keeps_the_relays_status() -> None:
