@@ -104,8 +104,8 @@ impl PyRelayStream {
     /// `drain()` with each frame decoded where it was received, as
     /// `decode_server_frame` decodes it: `(opened, ended, events)`, each event a
     /// `(kind, fields)` pair. A frame that is not a ServerFrame ends the list as
-    /// `(255, "malformed ServerFrame: …")`, without the frames after it: its reader ends
-    /// the stream there. No frame is copied whole into Python.
+    /// `(MALFORMED_FRAME, "malformed ServerFrame: …")`, without the frames after it: its
+    /// reader ends the stream there. No frame is copied whole into Python.
     #[allow(clippy::type_complexity)]
     fn drain_events<'py>(
         &self,
@@ -205,5 +205,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyHttpClient>()?;
     m.add("RECEIVE_HIGH_WATER", RECEIVE_HIGH_WATER)?;
     m.add("MAX_API_RESPONSE", MAX_RESPONSE)?;
+    m.add("MALFORMED_FRAME", MALFORMED)?;
     Ok(())
 }

@@ -268,6 +268,8 @@ class RelayChannel:
 
 #: Bytes of received frames a ``RelayStream`` holds undrained before it stops reading.
 RECEIVE_HIGH_WATER: int
+#: The kind ``RelayStream.drain_events()`` gives a frame that is not a ServerFrame.
+MALFORMED_FRAME: int
 
 class RelayStream:
     """One relay protocol stream; ``fileno()`` is readable when ``drain()`` has news. It
@@ -280,7 +282,7 @@ class RelayStream:
         self,
     ) -> tuple[bool, tuple[int, str] | None, list[tuple[int, Any]]]:
         """``drain()`` with each frame decoded in place, as ``decode_server_frame``;
-        a malformed frame ends the list as ``(255, message)``."""
+        a malformed frame ends the list as ``(MALFORMED_FRAME, message)``."""
     def write(self, frame: bytes) -> bool: ...
     def close(self) -> None: ...
 

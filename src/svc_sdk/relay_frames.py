@@ -161,7 +161,7 @@ Event: TypeAlias = Reply | Deliveries | Welcome | Lagged
 
 
 #: The kind ``RelayStream.drain_events()`` gives a frame that is not a ServerFrame.
-MALFORMED = 255
+MALFORMED = _native.MALFORMED_FRAME
 
 
 def decode(data: bytes) -> Event | None:
@@ -279,10 +279,8 @@ class Ended:
         self.error = error
 
 
-_Parsed = TypeVar("_Parsed")
-
-
 _Frame = TypeVar("_Frame")
+_Parsed = TypeVar("_Parsed")
 
 
 def read_drained(
