@@ -94,7 +94,8 @@ class Outbox:
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._deliveries: deque[tuple[Encoded, bytes, float]] = deque()
+        # (item, its subscription's tail, when it was stored, the subscription)
+        self._deliveries: deque[tuple[Encoded, bytes, float, object]] = deque()
         self._controls: deque[bytes] = deque()
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
@@ -109,15 +110,33 @@ class Outbox:
         self.closed = True
         self._wake.set()
 
-    def offer(self, item: Encoded, tail: bytes, stored_at: float) -> bool:
-        """Queues an :func:`encode_item` body with its :func:`subscription_tail`."""
+    def offer(self, item: Encoded, tail: bytes, stored_at: float, owner: object = None) -> bool:
+        """Queues an :func:`encode_item` body with its :func:`subscription_tail`, for the
+        subscription ``owner`` (see :meth:`withdraw`)."""
         if len(self._deliveries) >= self.limit:
             return False
-        self._deliveries.append((item, tail, stored_at))
+        self._deliveries.append((item, tail, stored_at, owner))
         if len(self._deliveries) >= self.limit // 2:
             self._room.clear()
         self._wake.set()
         return True
+
+    def withdraw(self, owner: object) -> int:
+        """Drops what is still queued for the subscription ``owner``, which has ended: the
+        client takes no delivery of an ended subscription, and a new one starts from its
+        cursor. A client that pauses a channel it cannot keep up with then stops receiving
+        it at once, instead of after up to ``limit`` deliveries it would only drop.
+        Returns how many were dropped (none once the stream is closing: nothing more is
+        written to it)."""
+        if self.closed or not self._deliveries:
+            return 0
+        kept = deque(d for d in self._deliveries if d[3] is not owner)
+        dropped = len(self._deliveries) - len(kept)
+        if dropped:
+            self._deliveries = kept
+            if len(kept) < self.limit // 2:
+                self._room.set()
+        return dropped
 
     def control(self, frame: pb.ServerFrame) -> None:
         self._controls.append(frame.SerializeToString())
@@ -146,7 +165,7 @@ class Outbox:
             pieces: list[bytes] = []
             size = 0
             while self._deliveries and count < MAX_BATCH and size < MAX_BATCH_BYTES:
-                (heads, body), tail, _ = self._deliveries.popleft()
+                (heads, body), tail, _, _ = self._deliveries.popleft()
                 size += len(body)
                 pieces += (heads[len(tail)], body, tail)  # frame_item, inlined
                 count += 1
@@ -195,7 +214,7 @@ class Subscription:
             # Own application messages are not echoed back. Own commits are: the log is
             # how an agent whose connection dropped before the Reply learns the outcome.
             return
-        if not self.outbox.offer(item or encode_item(entry), self.tail, entry.stored_at):
+        if not self.outbox.offer(item or encode_item(entry), self.tail, entry.stored_at, self):
             self.lag()
 
     def offer_live(self, entry: Entry, item: Encoded) -> None:

@@ -483,6 +483,7 @@ class StreamSession:
 
     def _drop(self, sub: Subscription) -> None:
         sub.active = False
+        self.outbox.withdraw(sub)
         if self.relay.hub.remove(sub):
             self.relay.store.unwatch(sub.channel)
         if self.subscriptions.get(sub.channel) is sub:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from svc_sdk._native import RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.relay_client import RelayConnection
 from svc_server.relay.hub import (
@@ -160,6 +161,75 @@ async def test_frames_of_large_messages_stop_at_the_byte_bound() -> None:
     # Sixteen 16 KiB messages reach 256 KiB; small ones fill frames of MAX_BATCH.
     assert [len(f.deliveries.items) for f in frames] == [16] * 6 + [256, 256, 92]
     assert [d.seq for f in frames for d in f.deliveries.items] == list(range(1, 701))
+
+
+async def test_withdraw_drops_only_the_ended_subscriptions_queued_deliveries() -> None:
+    """Another subscription's deliveries stay, in order; room for more opens again; a
+    closing stream withdraws nothing (nothing more is written to it)."""
+    outbox = Outbox(limit=16)
+    ended, other = object(), object()
+    for seq in range(1, 13):
+        owner = ended if seq % 3 else other
+        item = encode_item(Entry(CHANNEL, seq, b"s", False, 1, b"m", 0.0))
+        assert outbox.offer(item, b"", 0, owner)
+    assert not outbox._room.is_set()  # over half full: catch-up waits
+    assert outbox.withdraw(ended) == 8
+    assert outbox.withdraw(ended) == 0
+    assert outbox._room.is_set()
+    data, count, _ = await outbox.next_frames()
+    assert count == 4
+    assert [d.seq for d in pb.ServerFrame.FromString(data[0]).deliveries.items] == [3, 6, 9, 12]
+    outbox.offer(encode_item(Entry(CHANNEL, 13, b"s", False, 1, b"m", 0.0)), b"", 0, other)
+    outbox.close()
+    assert outbox.withdraw(other) == 0
+
+
+async def test_an_unsubscribe_withdraws_what_the_relay_had_queued_for_it(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """A client that pauses a channel it cannot keep up with unsubscribes; the relay used
+    to write everything it had queued for that subscription anyway (up to the stream's
+    4,096 deliveries), all of it dropped by the client. Now it stops at what the
+    transport already held: here ~6 MiB of 18."""
+    sender = await connect(stack, account, b"sender")
+    group = await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
+    message = group.encrypt(b"x" * 60_000)
+    for _ in range(20):  # frames under the relay's 1 MiB limit
+        await sender.request(pb.Publish(channel=CHANNEL, message=[message] * 15))
+    token = await account.token()
+    reader = RelayStream(
+        RelayChannel(stack.relay_url),
+        [("authorization", f"Bearer {token}"), ("svc-identity", b"reader".hex())],
+    )
+
+    def request(request_id: int, **kind: Any) -> bytes:
+        return pb.ClientFrame(request_id=request_id, **kind).SerializeToString()
+
+    try:
+        subscribe = pb.Subscribe(channel=CHANNEL, after_seq=0, subscription=1)
+        assert reader.write(request(1, subscribe=subscribe))
+        # Not drained: the transport's buffers fill, and the relay queues the rest.
+        await asyncio.sleep(1.0)
+        assert reader.write(request(2, unsubscribe=pb.Unsubscribe(channel=CHANNEL)))
+        delivered, replies = 0, set()
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
+        while loop.time() - quiet_since < 1.0:
+            _, ended, frames = reader.drain()
+            assert ended is None
+            for data in frames:
+                frame = pb.ServerFrame.FromString(data)
+                delivered += len(frame.deliveries.items)
+                if frame.HasField("reply"):
+                    replies.add(frame.reply.request_id)
+            if frames:
+                quiet_since = loop.time()
+            await asyncio.sleep(0.02)
+        assert replies == {1, 2}
+        assert 0 < delivered <= 150, delivered
+    finally:
+        reader.close()
+        await sender.close()
 
 
 async def test_a_writer_with_a_backlog_lets_other_streams_write_between_its_frames() -> None:
