@@ -26,9 +26,17 @@ pub mod tracker;
 pub mod transport;
 
 #[cfg(feature = "python")]
+mod py_engine;
+#[cfg(feature = "python")]
 mod py_frames;
 #[cfg(feature = "python")]
+mod py_inspect;
+#[cfg(feature = "python")]
+mod py_local;
+#[cfg(feature = "python")]
 mod py_server;
+#[cfg(feature = "python")]
+mod py_tracker;
 #[cfg(feature = "python")]
 mod py_transport;
 #[cfg(feature = "python")]

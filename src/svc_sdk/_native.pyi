@@ -1,4 +1,4 @@
-"""Type stubs for the Rust MLS engine (native/src/python.rs)."""
+"""Type stubs for the Rust extension (native/src/python.rs and the py_*.rs beside it)."""
 
 from collections.abc import Sequence
 from os import PathLike
