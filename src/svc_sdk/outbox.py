@@ -124,9 +124,10 @@ class Outbox:
         self._next_pos = rows[-1][0] + 1 if rows else 1
         self._done_through = self._next_pos - 1  # every pos up to here stored or failed
         self._sent = 0  # entries at the head of _entries in flight
-        # (number of entries, future) per frame in flight, oldest first.
-        self._inflight: deque[tuple[int, concurrent.futures.Future[Reply]]] = deque()
+        # (number of entries, future, when it was sent) per frame in flight, oldest first.
+        self._inflight: deque[tuple[int, concurrent.futures.Future[Reply], float]] = deque()
         self._pinned = 0  # the connection (RelayLink.generation) the frames in flight are on
+        self._abandoned = 0  # the last connection given up on for a missing Reply
         # A frame failed: resend from the head (encrypting first rows stored without
         # their ciphertext, see Unencrypted).
         self._halted: BaseException | None = (
@@ -367,7 +368,11 @@ class Outbox:
             with self._cond:
                 idle = False
                 patience = RETIRE_IDLE_SECONDS
+                overdue = None
                 while not self._stopped and not self._work():
+                    overdue = self._overdue()
+                    if overdue is not None:
+                        break
                     # Rows go in one delete per RETIRE_EVERY acknowledged messages, or
                     # once no Reply retired anything for RETIRE_IDLE_SECONDS: a delete
                     # per Reply would be a commit per message. A crash before the delete
@@ -406,12 +411,31 @@ class Outbox:
                 )
             if due:
                 self._retire()
+            if overdue is not None:
+                link.abandon(overdue, "no Reply to a Publish within the client's timeout")
             with self._cond:
                 halted = self._halted if not self._inflight else None
             if halted is not None:
                 self._recover(halted)
                 continue
             self._send_more(link)
+
+    def _overdue(self) -> int | None:
+        """The connection (a :attr:`RelayLink.generation`) to give up on, if the oldest
+        frame in flight has waited longer than the client's timeout for its Reply: a
+        relay that keeps the stream up (and answers pings) but never answers that frame
+        would hold every later one back for as long as the connection lasts. Dropping
+        it fails the frames pinned to it, and the pump resends from the first of them on
+        the next connection (the relay answers the ones it stored as repeats, by id).
+        Once per connection. Caller holds _cond."""
+        if not self._inflight or self._inflight[0][1].done():
+            return None
+        if self._abandoned == self._pinned:
+            return None
+        if time.monotonic() - self._inflight[0][2] <= self._channel._client.timeout:
+            return None
+        self._abandoned = self._pinned
+        return self._pinned
 
     def _quiet(self) -> bool:
         """Nothing queued, in flight, to resend or to delete. Caller holds _cond."""
@@ -446,7 +470,7 @@ class Outbox:
         Caller holds _cond."""
         retired = 0
         while self._inflight and self._inflight[0][1].done():
-            count, future = self._inflight.popleft()
+            count, future, _ = self._inflight.popleft()
             error = future.exception()
             if error is None and self._halted is None:
                 for _ in range(count):
@@ -531,7 +555,7 @@ class Outbox:
             except ChannelClosedError:
                 self._stopped = True
                 break
-            self._inflight.append((len(frame), future))
+            self._inflight.append((len(frame), future, time.monotonic()))
             self._pinned = generation
             self._sent += len(frame)
             sent.append(future)

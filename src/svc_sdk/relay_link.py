@@ -237,6 +237,17 @@ class RelayLink:
 
         threading.Thread(target=again, name="svc-relay-resend", daemon=True).start()
 
+    def abandon(self, generation: int, why: str) -> None:
+        """Drops connection ``generation`` if it is still the current one: the relay
+        left a request on it unanswered for too long. What waits on it fails as for a
+        lost connection, and the link's thread reconnects. Any thread; does not block."""
+        with self._lock:
+            conn = self._conn if generation == self.generation else None
+        if conn is None:
+            return
+        self._error = TransportError(why)  # what the reconnect's log line says
+        conn.close()
+
     @property
     def connected(self) -> bool:
         return self._connected.is_set()

@@ -21,6 +21,7 @@ from svc_sdk.errors import TransportError
 from svc_sdk.relay_client import RelayError
 from svc_sdk.relay_frames import Publish, Reply
 from svc_sdk.relay_link import RelayLink
+from svc_sdk.relay_stream import StreamConnection
 from svc_sdk.testing import LocalStack
 
 from .helpers import client, pair, take
@@ -237,6 +238,63 @@ def test_no_frame_leaves_on_a_new_connection_while_one_of_the_old_is_in_flight(
         assert sum(n for n, _ in frames) == 1101
         expected = [b"warm", b"first"] + [b"m%d" % i for i in range(1100)]
         assert take(chan_b, len(expected)) == expected
+
+
+def lose_the_reply_to_the_next_publish(conn: StreamConnection) -> list[int]:
+    """Makes ``conn`` drop the Reply to the next Publish written on it, as if the relay
+    never answered it (it does store the message). Returns the request ids dropped."""
+    lost: list[int] = []
+    armed = threading.Event()
+    numbers, send, dispatch = conn._ids, conn.send, conn._dispatch
+
+    class Numbers:  # records the request id the armed Publish is written under
+        def __next__(self) -> int:
+            number = next(numbers)
+            if armed.is_set():
+                armed.clear()
+                lost.append(number)
+            return number
+
+    def arming_send(request: Any) -> Any:
+        if isinstance(request, Publish) and not lost:
+            armed.set()
+        return send(request)
+
+    def dropping_dispatch(frame: Any) -> None:
+        if not (isinstance(frame, Reply) and frame.request_id in lost):
+            dispatch(frame)
+
+    conn._ids = Numbers()  # type: ignore[assignment]
+    conn.send = arming_send  # type: ignore[method-assign]
+    conn._dispatch = dropping_dispatch  # type: ignore[method-assign]
+    return lost
+
+
+def test_a_publish_the_relay_never_answers_is_sent_again_on_a_new_connection(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """The stream stays up, but one Publish's Reply never comes. Every later frame waits
+    behind it (the outbox keeps the relay's order), so without a way out the channel
+    would send nothing more for as long as the connection lasts. After the client's
+    timeout the outbox gives that connection up and resends from that frame on the next
+    one; the relay had stored it, and stores each message once, in order."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        chan_a.send(b"warm")
+        chan_a.wait_stored(10)
+        conn, generation = ca.link._conn, ca.link.generation
+        assert conn is not None
+        lost = lose_the_reply_to_the_next_publish(conn)
+        ca.timeout = 1.0
+        chan_a.send(b"m0")
+        time.sleep(0.2)  # m0's frame is out alone: the next ones wait for its Reply
+        for i in range(1, 5):
+            chan_a.send(b"m%d" % i)
+        chan_a.wait_stored(15)
+        assert len(lost) == 1
+        assert ca.link.generation > generation, "the connection was given up"
+        assert take(chan_b, 6) == [b"warm"] + [b"m%d" % i for i in range(5)]
+        assert chan_b.next_message(0.5) is None, "a message was stored twice"
 
 
 def test_send_blocks_while_the_outbox_is_full(ids: Any, monkeypatch: pytest.MonkeyPatch) -> None:
