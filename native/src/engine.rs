@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use mls_rs::client_builder::{
     BaseSqlConfig, WithCryptoProvider, WithGroupStateStorage, WithIdentityProvider, WithKeyPackageRepo, WithMlsRules,
@@ -130,6 +131,8 @@ pub struct Engine {
     group_storage: GroupStore,
     // One handle per group, so every caller shares one ratchet state and one lock.
     groups: Mutex<HashMap<Vec<u8>, Arc<GroupHandle>>>,
+    // Set by `close`, under `groups`' lock: no group is opened, made or deleted after it.
+    closed: AtomicBool,
     // Held until `close` or drop: no other process uses this data_dir meanwhile.
     lock: Mutex<Option<DataDirLock>>,
 }
@@ -224,13 +227,38 @@ impl Engine {
             data_dir: data_dir.to_owned(),
             group_storage,
             groups: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
             lock: Mutex::new(Some(lock)),
         })
     }
 
-    /// Releases the data_dir for another process. The engine must not be used afterwards.
+    /// Releases the data_dir for another engine, in this process or another. First waits
+    /// for the group operations under way and closes every group: from then on, groups
+    /// (those handed out before too) and the engine's group calls fail with `Closed`, so
+    /// nothing of this engine's writes the state another engine may be using.
     pub fn close(&self) {
+        let mut groups = self.open_groups_or_closed();
+        self.closed.store(true, Ordering::Relaxed);
+        for handle in groups.values() {
+            handle.close();
+        }
+        groups.clear();
+        drop(groups);
         self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    fn open_groups_or_closed(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<GroupHandle>>> {
+        self.groups.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The groups' map, for a call that may add or remove a group: `Closed` once the
+    /// engine is closed (checked under the map's lock, which `close` holds).
+    fn open_groups(&self) -> Result<MutexGuard<'_, HashMap<Vec<u8>, Arc<GroupHandle>>>> {
+        let groups = self.open_groups_or_closed();
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(EngineError::Closed);
+        }
+        Ok(groups)
     }
 
     fn new_identity(identity: &[u8], cipher_suite: u16) -> Result<StoredIdentity> {
@@ -440,7 +468,7 @@ impl Engine {
                 detail: format!("must be 1 to 255 bytes, got {}", group_id.len()),
             });
         }
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut groups = self.open_groups()?;
         if groups.contains_key(group_id) || self.stored(group_id)? {
             return Err(EngineError::GroupExists(hex::encode(group_id)));
         }
@@ -483,7 +511,7 @@ impl Engine {
         // The Welcome answers a key package made under some credential of ours; the
         // current one may have expired since, which does not matter for joining.
         self.agent.credential().ok_or(EngineError::NoCredential)?;
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut groups = self.open_groups()?;
         // No time: every leaf's issuer, signature and key are checked, not its validity
         // period, so a member whose credential lapsed while offline cannot block joins.
         // The tree's issuer signatures are checked in one batch after mls-rs has walked it
@@ -514,7 +542,7 @@ impl Engine {
 
     /// The group as stored in data_dir (loaded once, then shared).
     pub fn group(&self, group_id: &[u8]) -> Result<Arc<GroupHandle>> {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut groups = self.open_groups()?;
         if let Some(handle) = groups.get(group_id) {
             if !handle.is_removed() {
                 return Ok(handle.clone());
@@ -538,7 +566,7 @@ impl Engine {
 
     /// Forgets a group and its secrets. Messages for it can no longer be decrypted here.
     pub fn delete_group(&self, group_id: &[u8]) -> Result<()> {
-        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut groups = self.open_groups()?;
         if let Some(handle) = groups.remove(group_id) {
             handle.mark_removed();
         }

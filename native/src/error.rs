@@ -73,6 +73,9 @@ pub enum EngineError {
     #[error("this agent was removed from the group")]
     Removed,
 
+    #[error("the engine is closed: its data_dir may be in use by another engine")]
+    Closed,
+
     #[error("{op}: {detail}")]
     Mls { op: &'static str, detail: String },
 

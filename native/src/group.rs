@@ -68,6 +68,8 @@ pub struct GroupHandle {
     unsaved: AtomicBool,
     // `state` is None because reading the stored state back failed, not for removal.
     unloaded: AtomicBool,
+    // The engine was closed (`close`): `state` is None and nothing is written any more.
+    closed: AtomicBool,
 }
 
 /// A member's id, `account || identity`, from the credential mls-rs validated.
@@ -185,7 +187,18 @@ impl GroupHandle {
             state: Mutex::new(Some(group)),
             unsaved: AtomicBool::new(false),
             unloaded: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
+    }
+
+    /// The engine is closing: waits for the operation under way, if any, and refuses
+    /// every later one with `Closed`, so that nothing of this handle writes to the
+    /// data_dir once another engine may own it. What `process_batch(.., save: false)`
+    /// left in memory goes: those messages decrypt again from the stored state.
+    pub(crate) fn close(&self) {
+        let mut guard = self.lock();
+        *guard = None;
+        self.closed.store(true, Ordering::Relaxed);
     }
 
     /// Writes what `process_batch(.., save: false)` left in memory. Caller holds the lock.
@@ -220,6 +233,7 @@ impl GroupHandle {
         let mut guard = self.lock();
         match guard.as_mut() {
             Some(group) => self.write_unsaved(group),
+            None if self.closed.load(Ordering::Relaxed) => Err(EngineError::Closed),
             None => Ok(()), // removed: nothing is kept
         }
     }
@@ -234,7 +248,7 @@ impl GroupHandle {
     }
 
     pub(crate) fn is_removed(&self) -> bool {
-        self.lock().is_none() && !self.unloaded.load(Ordering::Relaxed)
+        self.lock().is_none() && !self.unloaded.load(Ordering::Relaxed) && !self.closed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn mark_removed(&self) {
@@ -252,6 +266,9 @@ impl GroupHandle {
 
     /// The live group, read back from storage first if an earlier read-back failed.
     fn live<'a>(&self, guard: &'a mut Option<MlsGroup>) -> Result<&'a mut MlsGroup> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(EngineError::Closed);
+        }
         if guard.is_none() && self.unloaded.load(Ordering::Relaxed) {
             let stored = self
                 .client
@@ -401,6 +418,9 @@ impl GroupHandle {
             Err(e) => Err(e),
         };
         if let Err(e) = ready {
+            if matches!(e, EngineError::Closed) {
+                return messages.iter().map(|_| Err(EngineError::Closed)).collect();
+            }
             let err = e.to_string();
             return messages
                 .iter()

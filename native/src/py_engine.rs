@@ -70,10 +70,12 @@ impl PyEngine {
         Ok(PyLocalStore { inner })
     }
 
-    /// Releases `data_dir` for another process (it is locked from the constructor on, and
-    /// released too when the engine is garbage-collected). Don't use the engine afterwards.
-    fn close(&self) {
-        self.inner.close();
+    /// Releases `data_dir` for another engine (it is locked from the constructor on, and
+    /// released too when the engine is garbage-collected). Waits for group operations
+    /// under way; afterwards the engine's groups, and its group calls, raise
+    /// ChannelClosedError.
+    fn close(&self, py: Python<'_>) {
+        py.allow_threads(|| self.inner.close());
     }
 
     /// The cipher suites this agent can make key packages and groups for: its own, and

@@ -24,6 +24,7 @@ use crate::error::EngineError;
 import_exception!(svc_sdk.errors, MlsError);
 import_exception!(svc_sdk.errors, PolicyError);
 import_exception!(svc_sdk.errors, InternalError);
+import_exception!(svc_sdk.errors, ChannelClosedError);
 
 pub(crate) fn to_py(e: EngineError) -> PyErr {
     // Not MLS failures: the agent's directory is unusable as given, or a write to it
@@ -38,6 +39,8 @@ pub(crate) fn to_py(e: EngineError) -> PyErr {
     };
     match internal {
         Some(message) => InternalError::new_err(message),
+        // A closed client's engine: what its threads still try fails as closing does.
+        None if matches!(e, EngineError::Closed) => ChannelClosedError::new_err(e.to_string()),
         None if matches!(e, EngineError::Policy { .. }) => PolicyError::new_err(e.to_string()),
         None => MlsError::new_err(e.to_string()),
     }

@@ -255,6 +255,37 @@ fn one_process_at_a_time_per_data_dir() {
 }
 
 #[test]
+fn a_closed_engine_writes_nothing_more_to_its_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = common::certified(dir.path(), b"alice", None);
+    let group = first.create_group(b"org/ns/svc").unwrap();
+    let sent = group.encrypt(b"before", b"").unwrap();
+    first.close();
+    // Another engine may own the data_dir now: the group handed out before, the
+    // engine's group calls, all refuse instead of writing a ratchet state of their own.
+    let second = common::certified(dir.path(), b"alice", None);
+    let closed = |r: Result<_, EngineError>| matches!(r, Err(EngineError::Closed));
+    assert!(closed(group.encrypt(b"after", b"").map(drop)));
+    assert!(closed(
+        group
+            .encrypt_queued(&[(1, b"id".as_slice(), b"after".as_slice())])
+            .map(drop)
+    ));
+    assert!(closed(group.epoch().map(drop)));
+    assert!(closed(group.save()));
+    assert!(group
+        .process_batch(&[sent.as_slice()], true)
+        .into_iter()
+        .all(|r| closed(r.map(drop))));
+    assert!(closed(first.group(b"org/ns/svc").map(drop)));
+    assert!(closed(first.create_group(b"org/ns/other").map(drop)));
+    assert!(closed(first.delete_group(b"org/ns/svc")));
+    let again = second.group(b"org/ns/svc").unwrap();
+    assert_eq!(again.epoch().unwrap(), 0);
+    again.encrypt(b"from the second engine", b"").unwrap();
+}
+
+#[test]
 fn data_dir_readable_by_others_is_refused_unless_empty() {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty");

@@ -9,6 +9,9 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from svc_sdk.errors import ChannelClosedError
 from svc_sdk.mls import Engine
 
 from ..conftest import ISSUER, member_id
@@ -130,3 +133,21 @@ def test_a_joined_group_deletes_its_key_package_once(
         assert joined.process(group.encrypt(b"ping %d" % n)).data == b"ping %d" % n
         assert group.process(joined.encrypt(b"pong %d" % n)).data == b"pong %d" % n
     assert sql("SELECT id, data FROM key_package") == [stored]
+
+
+def test_a_closed_engine_writes_nothing_more_to_its_data_dir(tmp_path: Path) -> None:
+    """close() frees the data_dir for the next engine; a group handed out before (a
+    thread still sending, say) must not write a ratchet state of its own beside that
+    engine's: it raises ChannelClosedError, as the closed client's channels do."""
+    data_dir = certified(tmp_path / "alice", b"alice")
+    engine = Engine(data_dir, b"alice")
+    group = engine.create_group(b"org/ns/svc")
+    group.encrypt(b"before")
+    engine.close()
+    following = Engine(data_dir, b"alice")
+    with pytest.raises(ChannelClosedError, match="the engine is closed"):
+        group.encrypt(b"after")
+    with pytest.raises(ChannelClosedError):
+        engine.group(b"org/ns/svc")
+    following.group(b"org/ns/svc").encrypt(b"from the next engine")
+    following.close()
