@@ -237,7 +237,7 @@ impl Engine {
     /// (those handed out before too) and the engine's group calls fail with `Closed`, so
     /// nothing of this engine's writes the state another engine may be using.
     pub fn close(&self) {
-        let mut groups = self.open_groups_or_closed();
+        let mut groups = self.lock_groups();
         self.closed.store(true, Ordering::Relaxed);
         for handle in groups.values() {
             handle.close();
@@ -247,14 +247,14 @@ impl Engine {
         self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
-    fn open_groups_or_closed(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<GroupHandle>>> {
+    fn lock_groups(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Arc<GroupHandle>>> {
         self.groups.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The groups' map, for a call that may add or remove a group: `Closed` once the
     /// engine is closed (checked under the map's lock, which `close` holds).
     fn open_groups(&self) -> Result<MutexGuard<'_, HashMap<Vec<u8>, Arc<GroupHandle>>>> {
-        let groups = self.open_groups_or_closed();
+        let groups = self.lock_groups();
         if self.closed.load(Ordering::Relaxed) {
             return Err(EngineError::Closed);
         }
