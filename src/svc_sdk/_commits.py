@@ -120,7 +120,7 @@ class Commits:
         channel = self._channel
         link = channel._client.link
         reply = channel._relay(CreateChannel(channel=channel.name))  # head_seq
-        link.wait_received(channel.name, reply.head_seq, 30.0)
+        link.wait_received(channel.name, reply.head_seq, channel._client.timeout)
         epoch = channel._group.epoch
         channel._drain_available()
         if channel._group.has_pending_commit:

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from svc_sdk import Channel, SvcClient
+from svc_sdk.relay_frames import Deliveries, Reply
+from svc_sdk.relay_stream import StreamConnection
 from svc_sdk.testing import LocalStack
 
 
@@ -35,3 +38,49 @@ def take(channel: Channel, n: int, timeout: float = 20.0) -> list[bytes]:
         assert message is not None, f"got {len(out)} of {n} messages: {out[-3:]}"
         out.append(message.data)
     return out
+
+
+def lose_the_reply_to_the_next(conn: StreamConnection, kind: type) -> list[int]:
+    """Makes ``conn`` drop the Reply to the next request of ``kind`` written on it, as if
+    the relay never answered it (it does act on the request). Returns the request ids
+    dropped."""
+    lost: list[int] = []
+    armed = threading.Event()
+    numbers, send, dispatch = conn._ids, conn.send, conn._dispatch
+
+    class Numbers:  # records the request id the armed request is written under
+        def __next__(self) -> int:
+            number = next(numbers)
+            if armed.is_set():
+                armed.clear()
+                lost.append(number)
+            return number
+
+    def arming_send(request: Any) -> Any:
+        if isinstance(request, kind) and not lost:
+            armed.set()
+        return send(request)
+
+    def dropping_dispatch(frame: Any) -> None:
+        if not (isinstance(frame, Reply) and frame.request_id in lost):
+            dispatch(frame)
+
+    conn._ids = Numbers()  # type: ignore[assignment]
+    conn.send = arming_send  # type: ignore[method-assign]
+    conn._dispatch = dropping_dispatch  # type: ignore[method-assign]
+    return lost
+
+
+def withhold_deliveries(conn: StreamConnection) -> threading.Event:
+    """Makes ``conn`` drop every frame of deliveries while the returned event is set (it
+    is, at first), as if the relay sent none."""
+    withholding = threading.Event()
+    withholding.set()
+    dispatch = conn._dispatch
+
+    def withholding_dispatch(frame: Any) -> None:
+        if not (withholding.is_set() and isinstance(frame, Deliveries)):
+            dispatch(frame)
+
+    conn._dispatch = withholding_dispatch  # type: ignore[method-assign]
+    return withholding

@@ -16,10 +16,11 @@ from svc_sdk import (
     SvcClient,
     TransportError,
 )
+from svc_sdk.relay_frames import Commit
 from svc_sdk.testing import LocalStack
 
 from ..support import free_port
-from .helpers import client, pair, take
+from .helpers import client, lose_the_reply_to_the_next, pair, take, withhold_deliveries
 
 
 def test_two_agents_exchange_both_ways(stack: LocalStack, channel_name: str, ids: Any) -> None:
@@ -329,3 +330,52 @@ def test_another_accounts_channel_is_refused(
         a.create_channel(channel_name)
         with pytest.raises(RuntimeError, match="^runtime error: channel .* already|no access"):
             m.create_channel(channel_name)
+
+
+def test_a_commit_whose_reply_is_lost_is_settled_from_the_log(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """The relay stored the commit but its Reply never came: the committer reads the
+    log up to the relay's head, finds its own commit echoed and applies it, once; the
+    Welcome it returns lets the new member in."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb, client(stack, ids("c")) as cc:
+        conn = ca.link._conn
+        assert conn is not None
+        lost = lose_the_reply_to_the_next(conn, Commit)
+        ca.timeout = 1.0
+        welcome = chan_a.add_member(cc.generate_key_package())
+        assert len(lost) == 1
+        assert chan_a.epoch == 2
+        chan_c = cc.join_channel(channel_name, welcome)
+        chan_a.send(b"to both")
+        assert take(chan_b, 1) == [b"to both"]
+        assert take(chan_c, 1) == [b"to both"]
+
+
+def test_settling_a_commit_waits_no_longer_than_the_clients_timeout(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """A commit whose Reply is lost is settled by reading the log up to the relay's head;
+    if the log does not come either, the commit fails after the client's timeout (not a
+    fixed 30 s), and the next one settles it first."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb, client(stack, ids("c")) as cc, client(stack, ids("d")) as cd:
+        conn = ca.link._conn
+        assert conn is not None
+        lose_the_reply_to_the_next(conn, Commit)
+        withholding = withhold_deliveries(conn)
+        ca.timeout = 1.0
+        started = time.monotonic()
+        with pytest.raises(TransportError):
+            chan_a.add_member(cc.generate_key_package())
+        assert time.monotonic() - started < 10
+        withholding.clear()
+        ca.link.abandon(ca.link.generation, "the test withheld deliveries")  # redelivered
+        ca.timeout = 30.0
+        welcome = chan_a.add_member(cd.generate_key_package())
+        assert chan_a.epoch == 3, "the lost commit, then this one"
+        chan_d = cd.join_channel(channel_name, welcome)
+        chan_a.send(b"after")
+        assert take(chan_b, 1) == [b"after"]
+        assert take(chan_d, 1) == [b"after"]

@@ -21,10 +21,9 @@ from svc_sdk.errors import TransportError
 from svc_sdk.relay_client import RelayError
 from svc_sdk.relay_frames import Publish, Reply
 from svc_sdk.relay_link import RelayLink
-from svc_sdk.relay_stream import StreamConnection
 from svc_sdk.testing import LocalStack
 
-from .helpers import client, pair, take
+from .helpers import client, lose_the_reply_to_the_next, pair, take
 
 
 def queued(data_dir: Path) -> int:
@@ -240,36 +239,6 @@ def test_no_frame_leaves_on_a_new_connection_while_one_of_the_old_is_in_flight(
         assert take(chan_b, len(expected)) == expected
 
 
-def lose_the_reply_to_the_next_publish(conn: StreamConnection) -> list[int]:
-    """Makes ``conn`` drop the Reply to the next Publish written on it, as if the relay
-    never answered it (it does store the message). Returns the request ids dropped."""
-    lost: list[int] = []
-    armed = threading.Event()
-    numbers, send, dispatch = conn._ids, conn.send, conn._dispatch
-
-    class Numbers:  # records the request id the armed Publish is written under
-        def __next__(self) -> int:
-            number = next(numbers)
-            if armed.is_set():
-                armed.clear()
-                lost.append(number)
-            return number
-
-    def arming_send(request: Any) -> Any:
-        if isinstance(request, Publish) and not lost:
-            armed.set()
-        return send(request)
-
-    def dropping_dispatch(frame: Any) -> None:
-        if not (isinstance(frame, Reply) and frame.request_id in lost):
-            dispatch(frame)
-
-    conn._ids = Numbers()  # type: ignore[assignment]
-    conn.send = arming_send  # type: ignore[method-assign]
-    conn._dispatch = dropping_dispatch  # type: ignore[method-assign]
-    return lost
-
-
 def test_a_publish_the_relay_never_answers_is_sent_again_on_a_new_connection(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
@@ -284,7 +253,7 @@ def test_a_publish_the_relay_never_answers_is_sent_again_on_a_new_connection(
         chan_a.wait_stored(10)
         conn, generation = ca.link._conn, ca.link.generation
         assert conn is not None
-        lost = lose_the_reply_to_the_next_publish(conn)
+        lost = lose_the_reply_to_the_next(conn, Publish)
         ca.timeout = 1.0
         chan_a.send(b"m0")
         time.sleep(0.2)  # m0's frame is out alone: the next ones wait for its Reply
