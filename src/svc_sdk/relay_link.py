@@ -265,8 +265,10 @@ class RelayLink:
         deadline = time.monotonic() + timeout
         while True:
             conn = self._wait_connected(deadline - time.monotonic())
+            future = None
             try:
-                reply = conn.send(request).result(max(0.0, deadline - time.monotonic()))
+                future = conn.send(request)
+                reply = future.result(max(0.0, deadline - time.monotonic()))
             except ConnectionError as exc:
                 if self._closing:
                     raise ChannelClosedError("the client is closed") from None
@@ -275,6 +277,8 @@ class RelayLink:
                 self._lost(conn, deadline)
                 continue
             except TimeoutError:
+                if future is not None:
+                    future.cancel()  # forgotten: no Reply is waited for any more
                 raise TransportError(self._why("no answer from the relay in time")) from None
             if reply.code != 0:
                 raise RelayError(reply)
@@ -302,6 +306,8 @@ class RelayLink:
                 if time.monotonic() >= deadline:
                     raise TimeoutError
         except TimeoutError:
+            if subscribed is not None:
+                subscribed.cancel()
             self._forget(channel, sub)
             raise TransportError(self._why(f"no subscription to {channel!r} in time")) from None
         except BaseException:

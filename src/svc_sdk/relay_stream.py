@@ -101,7 +101,9 @@ class StreamConnection:
         the future of the relay's Reply, whatever its code. Frames of one thread leave in
         its call order. TypeError for a message that is not a request, ValueError for a
         frame over the limit, ConnectionError once the stream has ended; the future fails
-        with the stream's error, or ConnectionError, if it ends first."""
+        with the stream's error, or ConnectionError, if it ends first. A caller that gives
+        up on the Reply cancels the future, which forgets the request: a relay that never
+        answers costs no memory per request given up."""
         request_id = next(self._ids)
         data = encode(request, request_id)
         future: concurrent.futures.Future[Reply] = concurrent.futures.Future()
@@ -112,10 +114,24 @@ class StreamConnection:
             # Registered before the write: the Reply may be read before write() returns.
             self._pending[request_id] = future
         if not stream.write(data):
-            with self._lock:
-                self._pending.pop(request_id, None)
+            self._forget(request_id)
             raise ConnectionError("relay stream closed")
+        future.add_done_callback(lambda done: self._forget_cancelled(done, request_id))
         return future
+
+    @property
+    def waiting(self) -> int:
+        """How many requests wait for their Reply."""
+        with self._lock:
+            return len(self._pending)
+
+    def _forget(self, request_id: int) -> None:
+        with self._lock:
+            self._pending.pop(request_id, None)
+
+    def _forget_cancelled(self, future: concurrent.futures.Future[Reply], request_id: int) -> None:
+        if future.cancelled():
+            self._forget(request_id)
 
     def close(self) -> None:
         """Cancels the stream (idempotent); requests still waiting fail with

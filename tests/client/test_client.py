@@ -346,6 +346,7 @@ def test_a_commit_whose_reply_is_lost_is_settled_from_the_log(
         ca.timeout = 1.0
         welcome = chan_a.add_member(cc.generate_key_package())
         assert len(lost) == 1
+        assert conn.waiting == 0  # the request given up on is forgotten, not kept
         assert chan_a.epoch == 2
         chan_c = cc.join_channel(channel_name, welcome)
         chan_a.send(b"to both")

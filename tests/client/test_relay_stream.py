@@ -205,6 +205,30 @@ async def test_close_fails_what_waits_and_stops_the_reading_thread() -> None:
     await relay_with(deaf, test)
 
 
+async def test_a_request_given_up_on_is_forgotten() -> None:
+    """A relay that never answers: each request whose caller cancels its future leaves
+    the map of requests waiting for a Reply, so giving up costs no memory."""
+    stop = asyncio.Event()
+
+    async def test(url: str) -> None:
+        conn = await asyncio.to_thread(_opened, url)
+        given_up = [conn.send(Unsubscribe(channel="a/b/c")) for _ in range(100)]
+        kept = conn.send(Unsubscribe(channel="a/b/c"))
+        assert conn.waiting == 101
+        for future in given_up:
+            with pytest.raises(concurrent.futures.TimeoutError):
+                future.result(0)
+            assert future.cancel()
+        assert conn.waiting == 1
+        conn.close()
+        with pytest.raises(ConnectionError):
+            kept.result(5)
+        assert conn.waiting == 0
+        stop.set()
+
+    await relay_with(deaf_until(stop), test)
+
+
 def _wait_until(condition: Any, timeout: float = 5.0) -> None:
     done = threading.Event()
     for _ in range(int(timeout / 0.01)):
