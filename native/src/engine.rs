@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use mls_rs::client_builder::{
-    BaseSqlConfig, WithCryptoProvider, WithGroupStateStorage, WithIdentityProvider, WithKeyPackageRepo, WithMlsRules,
+    BaseConfig, WithCryptoProvider, WithGroupStateStorage, WithIdentityProvider, WithKeyPackageRepo, WithMlsRules,
 };
 use mls_rs::identity::{Credential, SigningIdentity};
 use mls_rs::{CipherSuite, CipherSuiteProvider, Client, CryptoProvider, ExtensionList};
@@ -37,7 +37,7 @@ pub type Config = WithIdentityProvider<
     SvcIdentityProvider,
     WithCryptoProvider<
         Crypto,
-        WithMlsRules<SvcRules, WithGroupStateStorage<GroupStore, WithKeyPackageRepo<KeyPackages, BaseSqlConfig>>>,
+        WithMlsRules<SvcRules, WithGroupStateStorage<GroupStore, WithKeyPackageRepo<KeyPackages, BaseConfig>>>,
     >,
 >;
 pub type MlsClient = Client<Config>;
@@ -123,6 +123,8 @@ pub struct Engine {
     pub(crate) agent: Arc<Agent>,
     identity: Vec<u8>,
     pub(crate) cipher_suite: CipherSuite,
+    // Read by the attacker harness's own client only (attacker.rs).
+    #[cfg_attr(not(feature = "attacker"), allow(dead_code))]
     pub(crate) db: PathBuf,
     /// The data_dir's SQLCipher key, if it is encrypted (state_key.rs).
     pub(crate) state_key: Option<StateKey>,
@@ -213,8 +215,9 @@ impl Engine {
             let signing = SigningIdentity::new(cred.to_mls_credential()?, agent.public_key.clone());
             agent.set_current(signing, cred.content);
         }
+        storage::migrate(&db, state_key.as_ref())?;
         let group_storage = GroupStore::open(&db, state_key.as_ref())?;
-        let clients = build_clients(&db, state_key.as_ref(), &group_storage, &agent, suite)?;
+        let clients = build_clients(&group_storage, &agent, suite)?;
         sidecars.keep();
         Ok(Self {
             clients: RwLock::new(clients),
@@ -244,6 +247,9 @@ impl Engine {
         }
         groups.clear();
         drop(groups);
+        // Every group is closed: nothing uses the connections any more.
+        self.group_storage.close();
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).close();
         self.lock.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
@@ -387,13 +393,7 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .set_credential(bytes)?;
         self.agent.set_current(signing, cred.content.clone());
-        *clients = build_clients(
-            &self.db,
-            self.state_key.as_ref(),
-            &self.group_storage,
-            &self.agent,
-            self.cipher_suite,
-        )?;
+        *clients = build_clients(&self.group_storage, &self.agent, self.cipher_suite)?;
         Ok(cred.content)
     }
 
@@ -603,31 +603,18 @@ fn crypto_for(suite: CipherSuite) -> Crypto {
     Crypto::with_enabled_cipher_suites(suites)
 }
 
-fn build_clients(
-    db: &Path,
-    key: Option<&StateKey>,
-    groups: &GroupStore,
-    agent: &Agent,
-    suite: CipherSuite,
-) -> Result<Clients> {
-    let own = build_client(db, key, groups, agent, suite)?;
-    let pq = if u16::from(suite) == DEFAULT_CIPHER_SUITE {
-        Some(build_client(db, key, groups, agent, CipherSuite::ML_KEM_768_X25519)?)
-    } else {
-        None
-    };
+fn build_clients(groups: &GroupStore, agent: &Agent, suite: CipherSuite) -> Result<Clients> {
+    let own = build_client(groups, agent, suite);
+    let pq =
+        (u16::from(suite) == DEFAULT_CIPHER_SUITE).then(|| build_client(groups, agent, CipherSuite::ML_KEM_768_X25519));
     Ok(Clients { own, pq })
 }
 
-fn build_client(
-    db: &Path,
-    key: Option<&StateKey>,
-    groups: &GroupStore,
-    agent: &Agent,
-    suite: CipherSuite,
-) -> Result<MlsClient> {
-    let builder = mls_rs::client_builder::ClientBuilder::new_sqlite(storage::storage_engine(db, key))
-        .map_err(|e| EngineError::Storage(e.to_string()))?
+/// A client on the engine's own storage: group state and key packages in `mls.sqlite3`;
+/// pre-shared keys in memory, because svc's rules refuse PSK proposals (policy.rs) and
+/// so never store one (no SQLite connection is held open for that store).
+fn build_client(groups: &GroupStore, agent: &Agent, suite: CipherSuite) -> MlsClient {
+    let builder = mls_rs::client_builder::ClientBuilder::new()
         .key_package_repo(groups.key_packages())
         .group_state_storage(groups.clone())
         .extension_type(mls_rs_core::extension::ExtensionType::new(ROLES_EXTENSION))
@@ -635,12 +622,12 @@ fn build_client(
         .crypto_provider(crypto_for(suite))
         .identity_provider(agent.provider.clone());
     let current = agent.current.read().unwrap_or_else(|p| p.into_inner());
-    Ok(match current.as_ref() {
+    match current.as_ref() {
         Some((signing, _)) => builder
             .signing_identity(signing.clone(), agent.secret_key.clone(), suite)
             .build(),
         None => builder.build(),
-    })
+    }
 }
 
 /// Public framing of a message, readable without keys: what the relay needs to order it.

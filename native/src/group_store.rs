@@ -15,12 +15,13 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mls_rs_core::group::{EpochRecord, GroupState, GroupStateStorage};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, OptionalExtension};
 use zeroize::Zeroizing;
 
 use crate::checkpoints::{pages_for, Checkpointer};
 use crate::error::{EngineError, Result};
 use crate::key_packages::KeyPackages;
+use crate::storage::{self, Locked, SharedConnection};
 
 /// How many prior epochs a group keeps, as mls-rs-provider-sqlite's default.
 const EPOCH_RETENTION: u64 = 3;
@@ -65,7 +66,7 @@ pub struct OutboxRow {
 /// Shared by every group of one engine (mls-rs clones it into each group).
 #[derive(Clone)]
 pub struct GroupStore {
-    conn: Arc<Mutex<Connection>>,
+    conn: SharedConnection,
     checkpoints: Arc<Checkpointer>,
     key_packages: KeyPackages,
     /// Rows to write with the next state write of their group, by group id. Only a
@@ -108,7 +109,7 @@ impl GroupStore {
         conn.execute_batch(SCHEMA)?;
         // Not inside a send (two fsyncs, 20–40 ms every few thousand sends): on a thread.
         conn.pragma_update(None, "wal_autocheckpoint", 0)?;
-        let conn = Arc::new(Mutex::new(conn));
+        let conn = storage::shared(conn);
         let checkpoints = Checkpointer::start(crate::storage::open_connection(db, key)?, conn.clone())
             .map_err(|e| EngineError::Storage(format!("cannot start the checkpoint thread: {e}")))?;
         let checkpoints = Arc::new(checkpoints);
@@ -120,8 +121,15 @@ impl GroupStore {
         })
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    fn conn(&self) -> Result<Locked<'_>> {
+        storage::lock(&self.conn)
+    }
+
+    /// Ends the checkpoint thread after a last checkpoint and closes the connection, for
+    /// every clone of the store: later reads and writes fail with `Closed`.
+    pub fn close(&self) {
+        self.checkpoints.stop();
+        storage::close(&self.conn);
     }
 
     /// The key package storage for this store's clients (one set of deleted ids for all).
@@ -147,7 +155,7 @@ impl GroupStore {
 
     /// The group's unacknowledged messages, in send order.
     pub fn outbox(&self, group_id: &[u8]) -> Result<Vec<OutboxRow>> {
-        let conn = self.conn();
+        let conn = self.conn()?;
         let mut stmt = conn.prepare_cached(
             "SELECT pos, id, epoch, payload, ciphertext FROM svc_outbox WHERE group_id = ?1 ORDER BY pos",
         )?;
@@ -166,7 +174,7 @@ impl GroupStore {
     /// Deletes the rows up to `through` (acknowledged, or given up on).
     pub fn retire(&self, group_id: &[u8], through: u64) -> Result<()> {
         let deleted = self
-            .conn()
+            .conn()?
             .prepare_cached("DELETE FROM svc_outbox WHERE group_id = ?1 AND pos <= ?2")?
             .execute(params![group_id, int(through)?])?;
         // Freed rows change the pages that list free pages, not each freed page.
@@ -175,7 +183,7 @@ impl GroupStore {
     }
 
     pub fn group_ids(&self) -> Result<Vec<Vec<u8>>> {
-        let conn = self.conn();
+        let conn = self.conn()?;
         let mut stmt = conn.prepare("SELECT group_id FROM mls_group")?;
         let ids = stmt.query_map([], |row| row.get(0))?;
         Ok(ids.collect::<std::result::Result<_, _>>()?)
@@ -183,7 +191,7 @@ impl GroupStore {
 
     /// Deletes a group's state, prior epochs and outbox in one transaction.
     pub fn delete_group(&self, group_id: &[u8]) -> Result<()> {
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let tx = conn.transaction()?;
         tx.execute("DELETE FROM svc_outbox WHERE group_id = ?1", [group_id])?;
         tx.execute("DELETE FROM epoch WHERE group_id = ?1", [group_id])?;
@@ -198,7 +206,7 @@ impl GroupStore {
         // `conn`, never the other way round.
         let staged = self.staged();
         let staged = staged.get(&state.id);
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let tx = conn.transaction()?;
         tx.prepare_cached(
             "INSERT INTO mls_group (group_id, snapshot) VALUES (?1, ?2)
@@ -248,7 +256,7 @@ impl GroupStateStorage for GroupStore {
 
     fn state(&self, group_id: &[u8]) -> Result<Option<Zeroizing<Vec<u8>>>> {
         Ok(self
-            .conn()
+            .conn()?
             .prepare_cached("SELECT snapshot FROM mls_group WHERE group_id = ?1")?
             .query_row([group_id], |row| row.get::<_, Vec<u8>>(0))
             .optional()?
@@ -257,7 +265,7 @@ impl GroupStateStorage for GroupStore {
 
     fn epoch(&self, group_id: &[u8], epoch_id: u64) -> Result<Option<Zeroizing<Vec<u8>>>> {
         Ok(self
-            .conn()
+            .conn()?
             .prepare_cached("SELECT epoch_data FROM epoch WHERE group_id = ?1 AND epoch_id = ?2")?
             .query_row(params![group_id, int(epoch_id)?], |row| row.get::<_, Vec<u8>>(0))
             .optional()?
@@ -270,7 +278,7 @@ impl GroupStateStorage for GroupStore {
 
     fn max_epoch_id(&self, group_id: &[u8]) -> Result<Option<u64>> {
         let max: Option<i64> = self
-            .conn()
+            .conn()?
             .prepare_cached("SELECT MAX(epoch_id) FROM epoch WHERE group_id = ?1")?
             .query_row([group_id], |row| row.get(0))?;
         Ok(max.map(|v| v as u64))

@@ -14,11 +14,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use mls_rs_codec::{MlsDecode, MlsEncode};
 use mls_rs_core::key_package::{KeyPackageData, KeyPackageStorage};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, OptionalExtension};
 use zeroize::Zeroizing;
 
 use crate::checkpoints::{pages_for, Checkpointer};
 use crate::error::{EngineError, Result};
+use crate::storage::{self, Locked, SharedConnection};
 
 /// Key packages remembered as deleted: one per group joined in this process. Past it the
 /// memory starts over, and each group joined before deletes (nothing) once more.
@@ -26,13 +27,13 @@ const DELETED_KEPT: usize = 4096;
 
 #[derive(Clone)]
 pub struct KeyPackages {
-    conn: Arc<Mutex<Connection>>,
+    conn: SharedConnection,
     checkpoints: Arc<Checkpointer>,
     deleted: Arc<Mutex<HashSet<Vec<u8>>>>,
 }
 
 impl KeyPackages {
-    pub(crate) fn new(conn: Arc<Mutex<Connection>>, checkpoints: Arc<Checkpointer>) -> Self {
+    pub(crate) fn new(conn: SharedConnection, checkpoints: Arc<Checkpointer>) -> Self {
         Self {
             conn,
             checkpoints,
@@ -40,8 +41,8 @@ impl KeyPackages {
         }
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    fn conn(&self) -> Result<Locked<'_>> {
+        storage::lock(&self.conn)
     }
 
     fn deleted(&self) -> MutexGuard<'_, HashSet<Vec<u8>>> {
@@ -60,7 +61,7 @@ impl KeyPackageStorage for KeyPackages {
         if self.deleted().contains(id) {
             return Ok(());
         }
-        self.conn()
+        self.conn()?
             .prepare_cached("DELETE FROM key_package WHERE id = ?1")?
             .execute([id])?;
         self.checkpoints.wrote(pages_for(0));
@@ -76,7 +77,7 @@ impl KeyPackageStorage for KeyPackages {
         let expiration = i64::try_from(pkg.expiration)
             .map_err(|_| EngineError::Storage(format!("key package expiration {} out of range", pkg.expiration)))?;
         let data = Zeroizing::new(pkg.mls_encode_to_vec().map_err(codec)?);
-        self.conn()
+        self.conn()?
             .prepare_cached("INSERT INTO key_package (id, expiration, data) VALUES (?1, ?2, ?3)")?
             .execute(params![id, expiration, &*data])?;
         self.checkpoints.wrote(pages_for(data.len()));
@@ -86,7 +87,7 @@ impl KeyPackageStorage for KeyPackages {
 
     fn get(&self, id: &[u8]) -> Result<Option<KeyPackageData>> {
         let data: Option<Zeroizing<Vec<u8>>> = self
-            .conn()
+            .conn()?
             .prepare_cached("SELECT data FROM key_package WHERE id = ?1")?
             .query_row([id], |row| row.get(0).map(Zeroizing::new))
             .optional()?;

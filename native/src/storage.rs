@@ -1,7 +1,9 @@
 //! The agent's `data_dir`: one SQLite file holding the signing identity, group state,
 //! prior-epoch secrets and key-package secrets, private to the agent's user.
 
+use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use mls_rs::storage_provider::sqlite::{
     connection_strategy::ConnectionStrategy, SqLiteDataStorageEngine, SqLiteDataStorageError,
@@ -41,6 +43,53 @@ pub(crate) fn open_connection(path: &Path, key: Option<&StateKey>) -> std::resul
     Ok(conn)
 }
 
+/// Creates mls-rs's own tables (`mls_group`, `epoch`, `key_package`), or migrates them,
+/// through its provider's schema; the group store and key packages write them.
+pub fn migrate(db: &Path, key: Option<&StateKey>) -> Result<()> {
+    storage_engine(db, key)
+        .group_state_storage()
+        .map_err(|e| EngineError::Storage(format!("mls-rs schema: {e}")))?;
+    Ok(())
+}
+
+/// One connection shared by every clone of a store (mls-rs clones the storage into each
+/// group), which `close` takes from all of them at once.
+pub(crate) type SharedConnection = Arc<Mutex<Option<Connection>>>;
+
+pub(crate) fn shared(conn: Connection) -> SharedConnection {
+    Arc::new(Mutex::new(Some(conn)))
+}
+
+/// The shared connection, locked; `Closed` once it was taken.
+pub(crate) fn lock(conn: &SharedConnection) -> Result<Locked<'_>> {
+    let guard = conn.lock().unwrap_or_else(|p| p.into_inner());
+    if guard.is_none() {
+        return Err(EngineError::Closed);
+    }
+    Ok(Locked(guard))
+}
+
+/// Takes the connection away (it closes once no statement uses it).
+pub(crate) fn close(conn: &SharedConnection) {
+    conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+}
+
+pub(crate) struct Locked<'a>(MutexGuard<'a, Option<Connection>>);
+
+impl Deref for Locked<'_> {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        self.0.as_ref().expect("checked by lock()")
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        self.0.as_mut().expect("checked by lock()")
+    }
+}
+
 pub fn storage_engine(db: &Path, key: Option<&StateKey>) -> SqLiteDataStorageEngine<SecureFileStrategy> {
     // `new` only records the strategy; it cannot fail in this version.
     SqLiteDataStorageEngine::new(SecureFileStrategy {
@@ -60,7 +109,7 @@ pub struct StoredIdentity {
 
 /// A small table of our own beside mls-rs's schema: the identity is ours, not mls-rs's.
 pub struct IdentityStore {
-    conn: Connection,
+    conn: Option<Connection>,
 }
 
 impl IdentityStore {
@@ -83,12 +132,21 @@ impl IdentityStore {
                 key BLOB NOT NULL
             );",
         )?;
-        Ok(Self { conn })
+        Ok(Self { conn: Some(conn) })
+    }
+
+    /// Closes the connection: later calls fail with `Closed`.
+    pub fn close(&mut self) {
+        self.conn = None;
+    }
+
+    fn conn(&self) -> Result<&Connection> {
+        self.conn.as_ref().ok_or(EngineError::Closed)
     }
 
     pub fn load(&self) -> Result<Option<StoredIdentity>> {
         Ok(self
-            .conn
+            .conn()?
             .query_row(
                 "SELECT identity, cipher_suite, public_key, secret_key FROM svc_identity WHERE singleton = 1",
                 [],
@@ -107,7 +165,7 @@ impl IdentityStore {
     /// Stores the identity unless one exists; returns whichever is stored afterwards, so
     /// two processes racing on a fresh data_dir agree on one key.
     pub fn insert_or_get(&self, id: &StoredIdentity) -> Result<StoredIdentity> {
-        self.conn.execute(
+        self.conn()?.execute(
             "INSERT OR IGNORE INTO svc_identity (singleton, identity, cipher_suite, public_key, secret_key)
              VALUES (1, ?1, ?2, ?3, ?4)",
             rusqlite::params![id.identity, id.cipher_suite, id.public_key, id.secret_key],
@@ -121,7 +179,7 @@ impl IdentityStore {
     /// The agent credential last installed (encoded), if any.
     pub fn credential(&self) -> Result<Option<Vec<u8>>> {
         Ok(self
-            .conn
+            .conn()?
             .query_row("SELECT credential FROM svc_credential WHERE singleton = 1", [], |row| {
                 row.get(0)
             })
@@ -129,7 +187,7 @@ impl IdentityStore {
     }
 
     pub fn set_credential(&self, credential: &[u8]) -> Result<()> {
-        self.conn.execute(
+        self.conn()?.execute(
             "INSERT INTO svc_credential (singleton, credential) VALUES (1, ?1)
              ON CONFLICT (singleton) DO UPDATE SET credential = excluded.credential",
             [credential],
@@ -139,16 +197,15 @@ impl IdentityStore {
 
     /// The issuer keys last fetched from the account API, by kid.
     pub fn anchors(&self) -> Result<Vec<(String, Vec<u8>)>> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT kid, key FROM svc_trust_anchor ORDER BY kid")?;
+        let conn = self.conn()?;
+        let mut stmt = conn.prepare("SELECT kid, key FROM svc_trust_anchor ORDER BY kid")?;
         let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
         Ok(rows.collect::<std::result::Result<_, _>>()?)
     }
 
     /// Replaces the stored issuer keys in one transaction.
     pub fn set_anchors(&mut self, anchors: &[(String, Vec<u8>)]) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.as_mut().ok_or(EngineError::Closed)?.transaction()?;
         tx.execute("DELETE FROM svc_trust_anchor", [])?;
         for (kid, key) in anchors {
             tx.execute(

@@ -2,6 +2,7 @@
 //! commit flow, persistence and hostile input.
 
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::sync::Arc;
 
 use _native::policy::Role;
@@ -283,6 +284,30 @@ fn a_closed_engine_writes_nothing_more_to_its_data_dir() {
     let again = second.group(b"org/ns/svc").unwrap();
     assert_eq!(again.epoch().unwrap(), 0);
     again.encrypt(b"from the second engine", b"").unwrap();
+}
+
+#[test]
+fn a_closed_engine_holds_no_file_of_its_data_dir_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = common::certified(dir.path(), b"alice", None);
+    let group = engine.create_group(b"org/ns/svc").unwrap();
+    group.encrypt(b"before", b"").unwrap();
+    assert!(open_files_under(dir.path()) > 0);
+    engine.close();
+    // Both still alive (a caller may keep them for a while): neither keeps a connection
+    // or the checkpoint thread's, nor the identity's.
+    assert_eq!(open_files_under(dir.path()), 0);
+    assert!(matches!(engine.group_ids(), Err(EngineError::Closed)));
+    drop(group);
+}
+
+/// How many of this process's open files are in `dir`.
+fn open_files_under(dir: &Path) -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter(|path| path.starts_with(dir))
+        .count()
 }
 
 #[test]

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -380,3 +383,29 @@ def test_settling_a_commit_waits_no_longer_than_the_clients_timeout(
         chan_a.send(b"after")
         assert take(chan_b, 1) == [b"after"]
         assert take(chan_d, 1) == [b"after"]
+
+
+def test_a_closed_client_holds_no_file_of_its_data_dir_open(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """An application may keep a closed client and its channels referenced: close()
+    itself releases the data_dir's files (the engine's, the checkpoint threads', the
+    local state's), not the garbage collector later."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    data_dir = stack.agent_dir(ids("a")).resolve()
+    with cb:
+        chan_a.send(b"hello")
+        chan_a.wait_stored()
+        assert take(chan_b, 1) == [b"hello"]
+        assert _open_files_under(data_dir) > 0
+        ca.close()
+        assert _open_files_under(data_dir) == 0
+        assert chan_a is not None  # still referenced, as an application may
+
+
+def _open_files_under(directory: Any) -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += Path(os.readlink(f"/proc/self/fd/{fd}")).is_relative_to(directory)
+    return count
