@@ -75,6 +75,45 @@ async def test_deliveries_echo_the_subscription_id(
     await reader.close()
 
 
+async def test_subscribe_churn_leaves_one_subscription_and_costs_no_one_a_delivery(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """A member that subscribes from the start of the log and unsubscribes again, as fast
+    as its stream goes, while messages arrive: each Subscribe replaces the subscription
+    before it and each Unsubscribe ends it, so the hub ends with none of its own, and a
+    reader beside it gets every live message once, in order."""
+    sender = await connect(stack, account, b"sender")
+    await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
+    await publish(sender, stack, 100)  # a log for each Subscribe to read from the start
+    reader = await connect(stack, account, b"reader")
+    await reader.request(pb.Subscribe(channel=CHANNEL, after_seq=100, subscription=1))
+    churner = await connect(stack, account, b"churner")
+
+    async def churn() -> None:
+        for i in range(200):
+            subscribe = pb.Subscribe(channel=CHANNEL, after_seq=0, subscription=i + 2)
+            await churner.request(subscribe)
+            await churner.request(pb.Unsubscribe(channel=CHANNEL))
+
+    async def live() -> None:
+        for _ in range(50):
+            await publish(sender, stack, 1)
+
+    await asyncio.gather(churn(), live())
+    assert await take(reader, 50) == [(seq, 1) for seq in range(101, 151)]
+    hub = stack.relay.relay.hub
+    assert [sub.subscription for sub in hub.subscriptions(CHANNEL)] == [1]  # the reader
+    await churner.request(pb.Subscribe(channel=CHANNEL, after_seq=150, subscription=999))
+    await publish(sender, stack, 1)
+    assert await take(reader, 1) == [(151, 1)]
+    deliveries = [await asyncio.wait_for(churner.deliveries.get(), 10)]
+    while deliveries[-1].subscription != 999:  # what the ended subscriptions had queued
+        deliveries.append(await asyncio.wait_for(churner.deliveries.get(), 10))
+    assert deliveries[-1].seq == 151
+    for conn in (sender, reader, churner):
+        await conn.close()
+
+
 async def test_subscribers_of_one_message_get_their_own_ids(
     stack: Stack, account: Account, tmp_path: Path
 ) -> None:
