@@ -126,7 +126,9 @@ pub struct Engine {
     // Read by the attacker harness's own client only (attacker.rs).
     #[cfg_attr(not(feature = "attacker"), allow(dead_code))]
     pub(crate) db: PathBuf,
-    /// The data_dir's SQLCipher key, if it is encrypted (state_key.rs).
+    /// The data_dir's SQLCipher key, if it is encrypted (state_key.rs); the bindings open
+    /// the local state with it.
+    #[cfg_attr(not(any(feature = "python", feature = "attacker")), allow(dead_code))]
     pub(crate) state_key: Option<StateKey>,
     store: Mutex<IdentityStore>,
     data_dir: PathBuf,
