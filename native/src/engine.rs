@@ -444,6 +444,9 @@ impl Engine {
     /// [`generate_key_package`](Self::generate_key_package) for channels of `cipher_suite`
     /// (None: this agent's own).
     pub fn generate_key_package_for(&self, cipher_suite: Option<u16>) -> Result<Vec<u8>> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(EngineError::Closed);
+        }
         let client = self.client_for(cipher_suite, "key package generation")?;
         self.agent.usable()?;
         let msg = client

@@ -187,6 +187,15 @@ impl EngineError {
 
     /// Wraps an mls-rs error with the operation that failed and a plain description.
     pub fn mls(op: &'static str, err: RsError) -> Self {
+        // The store refusing because the engine was closed meanwhile stays `Closed`.
+        if let RsError::KeyPackageRepoError(inner) | RsError::GroupStorageError(inner) = &err {
+            if matches!(
+                inner.inner_dyn_error().downcast_ref::<EngineError>(),
+                Some(EngineError::Closed)
+            ) {
+                return EngineError::Closed;
+            }
+        }
         if let RsError::MlsRulesError(inner) = &err {
             if let Some(policy) = inner.inner_dyn_error().downcast_ref::<PolicyError>() {
                 return EngineError::Policy {
@@ -226,5 +235,24 @@ impl From<rusqlite::Error> for EngineError {
 impl mls_rs_core::error::IntoAnyError for EngineError {
     fn into_dyn_error(self) -> std::result::Result<Box<dyn std::error::Error + Send + Sync>, Self> {
         Ok(Box::new(self))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mls_rs_core::error::IntoAnyError;
+
+    #[test]
+    fn a_store_closed_under_mls_rs_stays_closed() {
+        let closed = |e: EngineError| RsError::KeyPackageRepoError(e.into_any_error());
+        assert!(matches!(
+            EngineError::mls("op", closed(EngineError::Closed)),
+            EngineError::Closed
+        ));
+        let storage = RsError::GroupStorageError(EngineError::Closed.into_any_error());
+        assert!(matches!(EngineError::mls("op", storage), EngineError::Closed));
+        let other = closed(EngineError::Storage("disk full".into()));
+        assert!(matches!(EngineError::mls("op", other), EngineError::Mls { .. }));
     }
 }

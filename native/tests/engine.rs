@@ -298,15 +298,17 @@ fn a_closed_engine_holds_no_file_of_its_data_dir_open() {
     // or the checkpoint thread's, nor the identity's.
     assert_eq!(open_files_under(dir.path()), 0);
     assert!(matches!(engine.group_ids(), Err(EngineError::Closed)));
+    assert!(matches!(engine.generate_key_package(), Err(EngineError::Closed)));
     drop(group);
 }
 
 /// How many of this process's open files are in `dir`.
 fn open_files_under(dir: &Path) -> usize {
+    let dir = dir.canonicalize().unwrap(); // as the kernel names open files
     std::fs::read_dir("/proc/self/fd")
         .unwrap()
         .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
-        .filter(|path| path.starts_with(dir))
+        .filter(|path| path.starts_with(&dir))
         .count()
 }
 

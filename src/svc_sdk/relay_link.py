@@ -277,9 +277,11 @@ class RelayLink:
                 self._lost(conn, deadline)
                 continue
             except TimeoutError:
-                if future is not None:
-                    future.cancel()  # forgotten: no Reply is waited for any more
-                raise TransportError(self._why("no answer from the relay in time")) from None
+                # Cancelled, it is forgotten: no Reply is waited for any more. A Reply that
+                # came in between is the answer after all.
+                if future is None or future.cancel() or future.exception() is not None:
+                    raise TransportError(self._why("no answer from the relay in time")) from None
+                reply = future.result()
             if reply.code != 0:
                 raise RelayError(reply)
             return reply

@@ -349,7 +349,7 @@ def test_a_commit_whose_reply_is_lost_is_settled_from_the_log(
         ca.timeout = 1.0
         welcome = chan_a.add_member(cc.generate_key_package())
         assert len(lost) == 1
-        assert conn.waiting == 0  # the request given up on is forgotten, not kept
+        assert lost[0] not in conn._pending  # the request given up on is forgotten
         assert chan_a.epoch == 2
         chan_c = cc.join_channel(channel_name, welcome)
         chan_a.send(b"to both")
@@ -393,7 +393,7 @@ def test_a_closed_client_holds_no_file_of_its_data_dir_open(
     local state's), not the garbage collector later."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     data_dir = stack.agent_dir(ids("a")).resolve()
-    with cb:
+    with ca, cb:
         chan_a.send(b"hello")
         chan_a.wait_stored()
         assert take(chan_b, 1) == [b"hello"]
