@@ -37,30 +37,23 @@ medians of ``--runs`` runs, then each run's figures. Not part of the test suite.
 
 from __future__ import annotations
 
-# asyncio is imported in the functions that use it (the async agents, SLIM's roles): a
-# blocking agent's process, spawned, imports this module and must load only what a user's
-# blocking program would.
-import argparse
-import datetime
+# A blocking agent's process, spawned, imports this module and must load only what a
+# user's blocking program would: its peak RSS is one of the figures. So what only the
+# parent, SLIM's roles or the async agents use (asyncio, argparse, json, subprocess,
+# statistics, importlib.metadata, ...: ~2 MiB in each agent) is imported where it is used.
 import importlib
-import importlib.metadata
-import inspect
-import json
 import multiprocessing as mp
 import os
-import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from svc_sdk._argtypes import whole_number
+if TYPE_CHECKING:
+    import subprocess
 
 HERE = Path(__file__).resolve().parent
 SHIM_SOURCE = HERE / "nodelay" / "nodelay_shim.c"
@@ -152,6 +145,8 @@ def _ping(i: int, size: int) -> bytes:
 
 
 def _percentiles(samples_ms: list[float]) -> tuple[float, float]:
+    import statistics
+
     ordered = sorted(samples_ms)
     return statistics.median(ordered), ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
@@ -361,6 +356,8 @@ def svc_async_api() -> str | None:
     """Why svc's asyncio API cannot run this benchmark (None: it can): it needs
     ``svc_sdk.aio.AsyncSvcClient`` and an ``AsyncChannel`` with ``await send()`` and
     ``async for`` over ``messages()``."""
+    import inspect
+
     try:
         aio = importlib.import_module("svc_sdk.aio")
     except ImportError:
@@ -419,6 +416,18 @@ async def _svc_async_sender(stack: dict[str, str], channel: str, plan: Plan, con
     conn.send(result)
 
 
+def bytecode_as_installed() -> None:
+    """Writes svc_sdk's bytecode where Python looks for it, as pip does when it installs
+    the package. Agents then load the SDK as a user's do: one that compiles its ~9,000
+    lines at start (an editable install with PYTHONDONTWRITEBYTECODE set, as on the
+    project's machine) holds ~1.7 MiB more. Up-to-date files are left as they are."""
+    import compileall
+
+    import svc_sdk
+
+    compileall.compile_dir(Path(svc_sdk.__file__).parent, quiet=1)
+
+
 def agent_pair(
     prefix: str,
     receive: Callable[..., None],
@@ -430,8 +439,11 @@ def agent_pair(
     package, gets the Welcome, says "ready", then its result; ``send(stack, channel,
     send_arg, conn)`` gets the key package, sends the Welcome, waits for "go", then sends
     its result. ``prefix`` starts the channel's name."""
+    import uuid
+
     from svc_sdk.testing import LocalStack
 
+    bytecode_as_installed()
     ctx = mp.get_context("spawn")
     channel = f"{prefix}/{uuid.uuid4().hex[:12]}"
     with LocalStack() as running:
@@ -539,6 +551,8 @@ class _SlimMessages:
     ends (for this ``async for``; the next one goes on) after ``timeout`` s of silence."""
 
     def __init__(self, session: Any, timeout: float) -> None:
+        import datetime
+
         self._session = session
         self._timeout = datetime.timedelta(seconds=timeout)
 
@@ -562,6 +576,7 @@ def _publisher(session: Any) -> Callable[[bytes], Awaitable[object]]:
 
 async def _slim_receiver(endpoint: str, out: str, fast_ffi: bool) -> None:
     import asyncio
+    import json
 
     _, _, app = await _slim_app(endpoint, "bench/e2e/receiver", fast_ffi)
     print("READY", flush=True)
@@ -572,6 +587,10 @@ async def _slim_receiver(endpoint: str, out: str, fast_ffi: bool) -> None:
 
 
 async def _slim_sender(endpoint: str, out: str, fast_ffi: bool, plan: Plan) -> None:
+    import datetime
+    import json
+    import uuid
+
     s, conn, app = await _slim_app(endpoint, "bench/e2e/sender", fast_ffi)
     peer = s.Name.from_string("bench/e2e/receiver")
     mls = s.MlsSettings(
@@ -597,7 +616,9 @@ async def _slim_sender(endpoint: str, out: str, fast_ffi: bool, plan: Plan) -> N
 
 
 def slim_role(argv: list[str]) -> None:
+    import argparse
     import asyncio
+    import json
 
     parser = argparse.ArgumentParser(prog="e2e.py --role")
     parser.add_argument("--role", choices=["slim-node", "slim-recv", "slim-send"])
@@ -619,6 +640,9 @@ def slim_role(argv: list[str]) -> None:
 
 def build_shim(directory: Path) -> Path:
     """Compiles the TCP_NODELAY shim for SLIM's processes."""
+    import shutil
+    import subprocess
+
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         raise SystemExit("--slim needs gcc (or cc) to build bench/nodelay/nodelay_shim.c")
@@ -651,6 +675,10 @@ def _free_port() -> int:
 def slim_run(plan: Plan, shim: Path | None, fast_ffi: bool, scratch: Path) -> dict[str, Any]:
     """One run on a fresh SLIM node: node, receiver and sender in their own processes,
     all with TCP_NODELAY forced by the shim (unless it is None)."""
+    import json
+    import subprocess
+    import uuid
+
     address = f"127.0.0.1:{_free_port()}"
     env = dict(os.environ)
     if shim is not None:
@@ -716,6 +744,8 @@ def _status_mib(pid: int | str, field: str) -> float | None:
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    import statistics
+
     values = [_value(r, key) for r in runs]
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -801,6 +831,14 @@ def main() -> int:
     if "--role" in sys.argv[1:]:
         slim_role(sys.argv[1:])
         return 0
+    import argparse
+    import datetime
+    import importlib.metadata
+    import json
+    import shutil
+
+    from svc_sdk._argtypes import whole_number
+
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=whole_number(1), default=3)
     parser.add_argument("--messages", type=whole_number(1), default=20000)

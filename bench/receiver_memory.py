@@ -15,18 +15,17 @@ client, so it measures this version of svc only.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import functools
-import statistics
 import tempfile
 import threading
 import time
 from typing import Any
 
-from e2e import _status_mib, _vmhwm_mib, agent_pair  # bench/e2e.py: the same two agents
+# bench/e2e.py: the same two agents. Like e2e.py, this module is imported by each agent
+# process, so what only the parent uses is imported in main().
+from e2e import _status_mib, _vmhwm_mib, agent_pair
 
-from svc_sdk._argtypes import whole_number
 from svc_sdk._checks import MAX_PAYLOAD
 
 MIB = 1024 * 1024
@@ -128,6 +127,11 @@ def sender(stack: dict[str, str], channel: str, plan: tuple[int, int], conn: Any
 
 
 def main() -> None:
+    import argparse
+    import statistics
+
+    from svc_sdk._argtypes import whole_number
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=whole_number(1), default=3)
     parser.add_argument("--messages", type=whole_number(1), default=10_000)
