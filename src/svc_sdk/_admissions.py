@@ -5,6 +5,7 @@ they are made after the lock for processing is released."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 from svc_sdk._native import PendingCommit
@@ -25,6 +26,7 @@ class Admissions:
         self.proposals = False
         # The join request of the add commit being made.
         self._adding: tuple[bytes, bytes] | None = None
+        self._working = threading.Lock()
 
     def has_work(self) -> bool:
         """Whether ``do_work`` has commits to make (they need the relay)."""
@@ -32,9 +34,15 @@ class Admissions:
 
     def do_work(self) -> None:
         """Adds agents that redeemed invites and commits members' leave proposals."""
-        channel = self._channel
-        if channel._commits.active or channel._closed is not None:
+        if not self.has_work():
             return
+        # One thread at a time: another that finds work meanwhile waits, then finds what
+        # that one left (its loop takes what arrives while it runs).
+        with self._working:
+            self._work()
+
+    def _work(self) -> None:
+        channel = self._channel
         try:
             while self.join_requests and channel._closed is None:
                 try:
@@ -53,16 +61,21 @@ class Admissions:
                         refused[0],
                         exc,
                     )
-                    self.join_requests = [r for r in self.join_requests if r != refused]
+                    self._drop(refused)
                     continue
                 # That request is spent: its agent is in. Filtering by the roster alone
                 # would add it again if a removal came in before the next look.
-                spent = self._adding
-                self.join_requests = [r for r in self.join_requests if r != spent]
+                if self._adding is not None:
+                    self._drop(self._adding)
             if self.proposals and channel._closed is None:
                 channel._commits.commit(self._commit_proposals)
         except SvcError as exc:  # MlsError included
             log.warning("channel %s: %s", channel.name, exc)
+
+    def _drop(self, request: tuple[bytes, bytes]) -> None:
+        # Under the lock that processing appends under: a request that arrives now stays.
+        with self._channel._lock:
+            self.join_requests = [r for r in self.join_requests if r != request]
 
     def _is_admin(self) -> bool:
         channel = self._channel

@@ -7,6 +7,7 @@ Commits follow mls-rs's explicit states: a commit is pending until the relay acc
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -23,82 +24,106 @@ COMMIT_ATTEMPTS = 20
 
 
 class Commits:
-    """A channel's commit loop. ``active`` while a commit is under way: the work a
-    commit finds (``Admissions``) waits until it is done."""
+    """A channel's commit loop.
+
+    The channel's lock is held while the commit is built and while its outcome is
+    applied, not while the relay's answer is awaited: sends (encrypted in the epoch the
+    commit ends; the relay orders each before or after it, and the outbox encrypts the
+    ones it refuses as stale again in the next epoch) and reads go on meanwhile, so a
+    slow or unreachable relay holds up this call, not the channel. One commit at a time.
+    """
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
-        self.active = False
+        #: Set when this agent's pending commit came back in the log and was applied
+        #: (by whichever thread processed it): what :meth:`settle` reports.
+        self.echoed = False
+        self._one_at_a_time = threading.Lock()
 
     def commit(self, make: Callable[[], PendingCommit | None]) -> PendingCommit | None:
         """Builds a commit with ``make`` (None: nothing to do any more) and gets it
         accepted, retrying when another member's commit wins the epoch."""
         channel = self._channel
+        with self._one_at_a_time:
+            with channel._lock:
+                channel._check_open()
+            return self._attempts(make)
+
+    def _attempts(self, make: Callable[[], PendingCommit | None]) -> PendingCommit | None:
+        channel = self._channel
         link = channel._client.link
-        with channel._lock:
-            channel._check_open()
-            self.active = True
+        refreshed = False
+        for _ in range(COMMIT_ATTEMPTS):
+            with channel._lock:
+                channel._drain_available()
+                channel._check_open()
+                left_over = channel._group.has_pending_commit
+            if left_over:
+                self.settle()  # left by a crash or a lost connection
+            with channel._lock:
+                channel._drain_available()
+                channel._check_open()
+                refused: PolicyError | None = None
+                try:
+                    pending = make()
+                except PolicyError as exc:
+                    # The engine judges the policy on this agent's copy of the group: a
+                    # role granted by a commit the relay accepted but this agent has not
+                    # received yet counts once it has caught up.
+                    if refreshed:
+                        raise
+                    refused, pending = exc, None
+                self.echoed = False
+            if refused is not None:
+                refreshed = True
+                head = channel._relay(CreateChannel(channel=channel.name))
+                if head.epoch <= channel._group.epoch:
+                    raise refused
+                self.catch_up(head.epoch)
+                continue
+            if pending is None:
+                return None
+            frame = Commit(
+                channel=channel.name,
+                epoch=pending.epoch,
+                commit=pending.commit,
+                welcome=pending.welcome or b"",
+            )
             try:
-                refreshed = False
-                for _ in range(COMMIT_ATTEMPTS):
-                    channel._drain_available()
-                    channel._check_open()
+                reply = link.request(frame, timeout=channel._client.timeout, retry=False)
+            except RelayError as exc:
+                with channel._lock:
+                    # A reader may have processed the winning commit meanwhile, which
+                    # cleared this one already.
                     if channel._group.has_pending_commit:
-                        self.settle()  # left by a crash or a lost connection
-                    try:
-                        pending = make()
-                    except PolicyError:
-                        # The engine judges the policy on this agent's copy of the group:
-                        # a role granted by a commit the relay accepted but this agent
-                        # has not received yet counts once it has caught up.
-                        if refreshed:
-                            raise
-                        refreshed = True
-                        head = channel._relay(CreateChannel(channel=channel.name))
-                        if head.epoch <= channel._group.epoch:
-                            raise
-                        self.catch_up(head.epoch)
-                        continue
-                    if pending is None:
-                        return None
-                    frame = Commit(
-                        channel=channel.name,
-                        epoch=pending.epoch,
-                        commit=pending.commit,
-                        welcome=pending.welcome or b"",
-                    )
-                    try:
-                        reply = link.request(frame, timeout=channel._client.timeout, retry=False)
-                    except RelayError as exc:
                         channel._group.clear_pending_commit()
-                        if exc.code != STALE:
-                            raise relay_error(exc, channel.name) from None
-                        self.catch_up(exc.reply.epoch)
-                        continue
-                    except TransportError:
-                        # Unknown outcome: the log says (our own commits are echoed).
-                        if self.settle():
-                            return pending
-                        continue
-                    # What the relay ordered before the commit was sent in the epoch it
-                    # ends: read it in that epoch (mls-rs refuses a past epoch's message
-                    # from a leaf the commit changed, e.g. a member it removes), then
-                    # apply the commit with its echo.
-                    with contextlib.suppress(TransportError):
-                        link.wait_received(channel.name, reply.seq, channel._client.timeout)
-                    channel._drain_available()
-                    if channel._group.has_pending_commit:
-                        channel._group.apply_pending_commit()
-                    channel._admissions.proposals = False
+                if exc.code != STALE:
+                    raise relay_error(exc, channel.name) from None
+                self.catch_up(exc.reply.epoch)
+                continue
+            except TransportError:
+                # Unknown outcome: the log says (our own commits are echoed).
+                if self.settle():
                     return pending
-                raise TransportError(
-                    f"channel {channel.name!r}: commit kept losing to other members' commits"
-                )
-            finally:
-                self.active = False
+                continue
+            # What the relay ordered before the commit was sent in the epoch it ends: read
+            # it in that epoch (mls-rs refuses a past epoch's message from a leaf the
+            # commit changed, e.g. a member it removes), then apply the commit with its
+            # echo (a reader may have done both already).
+            with contextlib.suppress(TransportError):
+                link.wait_received(channel.name, reply.seq, channel._client.timeout)
+            with channel._lock:
+                channel._drain_available()
+                if channel._group.has_pending_commit:
+                    channel._group.apply_pending_commit()
+                channel._admissions.proposals = False
+            return pending
+        raise TransportError(
+            f"channel {channel.name!r}: commit kept losing to other members' commits"
+        )
 
     def catch_up(self, epoch: int) -> None:
-        """Processes deliveries until the group reaches ``epoch``. Caller holds the lock."""
+        """Processes deliveries until the group reaches ``epoch``."""
         channel = self._channel
         deadline = time.monotonic() + channel._client.timeout
         while channel._group.epoch < epoch:
@@ -110,8 +135,9 @@ class Commits:
             with channel._cond:
                 if not channel._raw:
                     channel._cond.wait(0.05)
-            channel._drain_available()
-            channel._check_open()
+            with channel._lock:
+                channel._drain_available()
+                channel._check_open()
 
     def settle(self) -> bool:
         """A pending commit whose outcome is unknown: read the log up to the relay's head.
@@ -119,11 +145,14 @@ class Commits:
         it was never stored: drop it (False) so the caller builds a new one."""
         channel = self._channel
         link = channel._client.link
-        reply = channel._relay(CreateChannel(channel=channel.name))  # head_seq
-        link.wait_received(channel.name, reply.head_seq, channel._client.timeout)
-        epoch = channel._group.epoch
-        channel._drain_available()
-        if channel._group.has_pending_commit:
-            channel._group.clear_pending_commit()
-            return False
-        return channel._group.epoch > epoch and not channel._closed
+        with channel._lock:
+            decided = not channel._group.has_pending_commit  # a reader got there first
+        if not decided:
+            reply = channel._relay(CreateChannel(channel=channel.name))  # head_seq
+            link.wait_received(channel.name, reply.head_seq, channel._client.timeout)
+        with channel._lock:
+            channel._drain_available()
+            if channel._group.has_pending_commit:
+                channel._group.clear_pending_commit()
+                return False
+            return self.echoed and channel._closed is None

@@ -203,8 +203,10 @@ class Deliveries:
                 flush_run()
                 store(index)  # the commit below writes the engine's state
                 if item.sender == me:
-                    # Our own commit, echoed: the relay accepted it (we lost the Reply).
+                    # Our own commit, echoed: the relay accepted it (its Reply may not
+                    # have come yet, or was lost).
                     group.apply_pending_commit()
+                    channel._commits.echoed = True
                     progress.durable = index + 1
                     publish_stored()
                     admissions.proposals = False

@@ -4,6 +4,7 @@ does not bring the agent back with the same key package."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -39,8 +40,6 @@ class _Commits:
     """Accepts each commit; between two, the owner removes whoever was added (as
     ``remove_member`` on another thread may)."""
 
-    active = False
-
     def __init__(self, group: _Group) -> None:
         self.group = group
 
@@ -67,6 +66,7 @@ class _Channel:
     _closed = None
 
     def __init__(self) -> None:
+        self._lock = threading.RLock()
         self._group = _Group()
         self._commits = _Commits(self._group)
         self._client = _Client()

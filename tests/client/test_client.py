@@ -385,6 +385,45 @@ def test_settling_a_commit_waits_no_longer_than_the_clients_timeout(
         assert take(chan_d, 1) == [b"after"]
 
 
+def test_sends_go_on_while_a_commit_waits_for_the_relay(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """A commit holds the channel while it is built and applied, not while it waits for
+    the relay's answer (here a Reply that never comes: settled from the log after the
+    client's timeout). send() on another thread meanwhile returns once its message is
+    queued, and every message reaches the members once, in order: those the relay
+    orders after the commit are encrypted again in its epoch."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb, client(stack, ids("c")) as cc:
+        conn = ca.link._conn
+        assert conn is not None
+        lose_the_reply_to_the_next(conn, Commit)
+        ca.timeout = 5.0
+        key_package = cc.generate_key_package()
+        welcome: list[bytes] = []
+        adding = threading.Thread(target=lambda: welcome.append(chan_a.add_member(key_package)))
+        adding.start()
+        deadline = time.monotonic() + 10
+        while not chan_a._group.has_pending_commit:
+            assert time.monotonic() < deadline, "the commit was never built"
+            time.sleep(0.005)
+        during = [b"during %d" % i for i in range(5)]
+        for payload in during:
+            chan_a.send(payload)
+        assert adding.is_alive(), "send() waited for the commit"
+        adding.join(30)
+        assert welcome, "add_member failed"
+        assert chan_a.epoch == 2
+        chan_c = cc.join_channel(channel_name, welcome[0])
+        chan_a.send(b"after")
+        assert take(chan_b, 6) == [*during, b"after"]
+        got_c: list[bytes] = []
+        while not got_c or got_c[-1] != b"after":
+            got_c += take(chan_c, 1)
+        # The new member reads what the relay ordered after the commit, once and in order.
+        assert got_c[:-1] == during[len(during) - len(got_c) + 1 :]
+
+
 def test_a_closed_client_holds_no_file_of_its_data_dir_open(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
