@@ -54,6 +54,9 @@ Request: TypeAlias = (
     | pb.JoinRequest
 )
 
+# A request's Reply, awaited on the loop (``send``) or by another thread (``send_threadsafe``).
+_Waiting: TypeAlias = asyncio.Future[pb.Reply] | concurrent.futures.Future[pb.Reply]
+
 # The oneof field of each request type, read from the descriptor so that the proto is
 # the one place that says which message goes in which field.
 _FIELD: dict[type, str] = {
@@ -117,9 +120,7 @@ class RelayConnection:
         # Futures of the loop (``send``) and of other threads (``send_threadsafe``), both
         # settled on the loop; a thread adds to it while the loop may be failing them all,
         # so the loop swaps the dict out instead of iterating it in place.
-        self._pending: dict[
-            int, asyncio.Future[pb.Reply] | concurrent.futures.Future[pb.Reply]
-        ] = {}
+        self._pending: dict[int, _Waiting] = {}
         # Every frame but a Reply goes to ``on_frame`` (the client's RelayLink dispatches
         # them itself); without one, deliveries and Welcomes are queued here for tests and
         # benchmarks, and lag notices dropped (nothing of theirs resubscribes).
@@ -230,6 +231,7 @@ class RelayConnection:
             raise ConnectionError("relay stream closed")
         future: asyncio.Future[pb.Reply] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        future.add_done_callback(lambda done: self._forget_cancelled(done, request_id))
         return future
 
     def send_threadsafe(self, request: Request) -> concurrent.futures.Future[pb.Reply]:
@@ -249,13 +251,25 @@ class RelayConnection:
         if stream is None or not stream.write(data):
             self._pending.pop(request_id, None)
             raise ConnectionError("relay stream closed")
+        future.add_done_callback(lambda done: self._forget_cancelled(done, request_id))
         return future
+
+    @property
+    def waiting(self) -> int:
+        """How many requests wait for their Reply."""
+        return len(self._pending)
+
+    def _forget_cancelled(self, future: _Waiting, request_id: int) -> None:
+        # A caller that gave up (a cancelled future, a request's timeout) forgets the
+        # request: a relay that never answers costs no memory per request given up.
+        if future.cancelled():
+            self._pending.pop(request_id, None)
 
     async def request(
         self, request: Request, *, timeout: float = 30.0, check: bool = True
     ) -> pb.Reply:
-        """``send`` and wait up to ``timeout`` for the Reply; RelayError for a non-OK code
-        unless ``check`` is false."""
+        """``send`` and wait up to ``timeout`` for the Reply (TimeoutError, and the request
+        is forgotten); RelayError for a non-OK code unless ``check`` is false."""
         reply = await asyncio.wait_for(await self.send(request), timeout)
         if check and reply.code != 0:
             raise RelayError(reply_of(reply))

@@ -130,6 +130,32 @@ async def test_a_well_behaved_stream_answers_requests_in_order() -> None:
     await relay_with(echo, test)
 
 
+async def test_a_request_given_up_on_is_forgotten() -> None:
+    """A relay that never answers: a request whose wait timed out, or whose future its
+    thread cancelled, leaves the map of requests waiting for a Reply."""
+    stop = asyncio.Event()
+
+    async def test(url: str) -> None:
+        conn = RelayConnection(url, "token", b"agent")
+        await conn.open()
+        for _ in range(20):
+            with pytest.raises(TimeoutError):
+                await conn.request(pb.Unsubscribe(channel="a/b/c"), timeout=0.01)
+        cancelled = conn.send_threadsafe(pb.Unsubscribe(channel="a/b/c"))
+        kept = await conn.send(pb.Unsubscribe(channel="a/b/c"))
+        assert conn.waiting == 2
+        assert cancelled.cancel()
+        await asyncio.sleep(0)  # an asyncio future's callbacks run on the next turn
+        assert conn.waiting == 1
+        await conn.close()
+        with pytest.raises(ConnectionError):
+            await kept
+        assert conn.waiting == 0
+        stop.set()
+
+    await relay_with(deaf_until(stop), test)
+
+
 async def test_an_unreadable_frame_ends_the_stream_and_fails_waiting_requests() -> None:
     async def test(url: str) -> None:
         conn = RelayConnection(url, "token", b"agent")
