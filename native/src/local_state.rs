@@ -8,7 +8,6 @@
 //! module used, so existing data_dirs open unchanged.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::{params, Connection};
 
@@ -16,6 +15,7 @@ use crate::checkpoints::{pages_for, Checkpointer};
 use crate::data_dir;
 use crate::error::{EngineError, Result};
 use crate::state_key::{self, StateKey, CLIENT_FILE};
+use crate::storage::{self, SharedConnection};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS channels (
@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS inbox (
 pub type InboxRow = (i64, Vec<u8>, Vec<u8>);
 
 pub struct LocalStore {
-    conn: Arc<Mutex<Option<Connection>>>,
+    conn: SharedConnection,
     checkpoints: Checkpointer,
 }
 
@@ -53,7 +53,7 @@ impl LocalStore {
             detail: format!("{CLIENT_FILE} is not a usable database ({e})"),
         })?;
         sidecars.keep();
-        let conn = Arc::new(Mutex::new(Some(conn)));
+        let conn = storage::shared(conn);
         let checkpoints = Self::connect(&path, key).map_err(EngineError::from).and_then(|own| {
             Checkpointer::start(own, conn.clone())
                 .map_err(|e| EngineError::Storage(format!("cannot start the checkpoint thread: {e}")))
@@ -74,12 +74,10 @@ impl LocalStore {
         Ok(conn)
     }
 
+    /// Runs `f` on the connection; `Closed` once the store was closed (the client was).
     fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
-        let mut guard: MutexGuard<'_, Option<Connection>> = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let conn = guard
-            .as_mut()
-            .ok_or_else(|| EngineError::Storage("the client's local state is closed".into()))?;
-        Ok(f(conn)?)
+        let mut conn = storage::lock(&self.conn)?;
+        Ok(f(&mut conn)?)
     }
 
     /// Runs the write `f`, then counts the WAL pages of about `bytes` it wrote.
@@ -90,7 +88,7 @@ impl LocalStore {
     }
 
     pub fn close(&self) {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner()).take();
+        storage::close(&self.conn);
         self.checkpoints.stop();
     }
 

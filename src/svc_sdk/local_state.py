@@ -27,7 +27,8 @@ from svc_sdk._native import Engine, LocalStore
 
 class LocalState:
     """``client.sqlite3`` of one data_dir. Errors are ``InternalError``
-    (``runtime error: ``); a data_dir encrypted at rest needs ``state_key``."""
+    (``runtime error: ``), and ``ChannelClosedError`` once closed; a data_dir encrypted
+    at rest needs ``state_key``."""
 
     def __init__(self, data_dir: str | os.PathLike[str], state_key: bytes | None = None) -> None:
         self._store = LocalStore(data_dir, state_key=state_key)

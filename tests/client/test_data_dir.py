@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from svc_sdk import SvcChannelManager, SvcClient
-from svc_sdk.errors import InternalError
+from svc_sdk.errors import ChannelClosedError, InternalError
+from svc_sdk.local_state import LocalState
 from svc_sdk.manager import default_data_dir
 from svc_sdk.testing import LocalStack
 
@@ -202,3 +203,16 @@ def test_a_corrupt_client_database_is_a_runtime_error(
     # The folder is free again (the engine's lock was released): a fixed file works.
     shutil.rmtree(inbox) if damage == "folder" else inbox.unlink()
     _client(stack, data_dir, identity).close()
+
+
+def test_a_closed_local_state_says_it_is_closed(tmp_path: Path) -> None:
+    """Once closed (its client was), the client database refuses every call as closed,
+    the error a closed channel raises, not as a storage failure."""
+    state = LocalState(tmp_path)
+    state.add_channel("acme/tests/closed", 0, 0)
+    assert state.channels() == [("acme/tests/closed", 0, 0)]
+    state.close()
+    with pytest.raises(ChannelClosedError):
+        state.channels()
+    with pytest.raises(ChannelClosedError):
+        state.advance("acme/tests/closed", 1, [(1, b"sender", b"payload")])
