@@ -6,6 +6,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +15,14 @@ import pytest
 
 from svc_sdk import (
     AuthError,
+    Channel,
     ChannelNameError,
     MlsError,
     SvcClient,
     TransportError,
 )
 from svc_sdk.relay_frames import Commit
+from svc_sdk.relay_stream import StreamConnection
 from svc_sdk.testing import LocalStack
 
 from ..support import free_port
@@ -335,21 +338,31 @@ def test_another_accounts_channel_is_refused(
             m.create_channel(channel_name)
 
 
+@contextlib.contextmanager
+def _next_commit_reply_lost(
+    stack: LocalStack, channel_name: str, ids: Any, timeout: float
+) -> Iterator[tuple[SvcClient, Channel, Channel, StreamConnection, SvcClient]]:
+    """a and b in a channel, a third agent c to add; the Reply to a's next commit is lost
+    (the relay acts on it), and a's client waits ``timeout`` s for a Reply. Yields (a's
+    client, a's channel, b's channel, a's stream, c's client)."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb, client(stack, ids("c")) as cc:
+        conn = ca.link._conn
+        assert conn is not None
+        lose_the_reply_to_the_next(conn, Commit)
+        ca.timeout = timeout
+        yield ca, chan_a, chan_b, conn, cc
+
+
 def test_a_commit_whose_reply_is_lost_is_settled_from_the_log(
     stack: LocalStack, channel_name: str, ids: Any
 ) -> None:
     """The relay stored the commit but its Reply never came: the committer reads the
     log up to the relay's head, finds its own commit echoed and applies it, once; the
     Welcome it returns lets the new member in."""
-    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
-    with ca, cb, client(stack, ids("c")) as cc:
-        conn = ca.link._conn
-        assert conn is not None
-        lost = lose_the_reply_to_the_next(conn, Commit)
-        ca.timeout = 1.0
+    with _next_commit_reply_lost(stack, channel_name, ids, 1.0) as (_, chan_a, chan_b, conn, cc):
         welcome = chan_a.add_member(cc.generate_key_package())
-        assert len(lost) == 1
-        assert lost[0] not in conn._pending  # the request given up on is forgotten
+        assert conn.waiting == 0  # the request given up on is forgotten
         assert chan_a.epoch == 2
         chan_c = cc.join_channel(channel_name, welcome)
         chan_a.send(b"to both")
@@ -363,13 +376,11 @@ def test_settling_a_commit_waits_no_longer_than_the_clients_timeout(
     """A commit whose Reply is lost is settled by reading the log up to the relay's head;
     if the log does not come either, the commit fails after the client's timeout (not a
     fixed 30 s), and the next one settles it first."""
-    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
-    with ca, cb, client(stack, ids("c")) as cc, client(stack, ids("d")) as cd:
-        conn = ca.link._conn
-        assert conn is not None
-        lose_the_reply_to_the_next(conn, Commit)
+    with (
+        _next_commit_reply_lost(stack, channel_name, ids, 1.0) as (ca, chan_a, chan_b, conn, cc),
+        client(stack, ids("d")) as cd,
+    ):
         withholding = withhold_deliveries(conn)
-        ca.timeout = 1.0
         started = time.monotonic()
         with pytest.raises(TransportError):
             chan_a.add_member(cc.generate_key_package())
@@ -393,12 +404,7 @@ def test_sends_go_on_while_a_commit_waits_for_the_relay(
     client's timeout). send() on another thread meanwhile returns once its message is
     queued, and every message reaches the members once, in order: those the relay
     orders after the commit are encrypted again in its epoch."""
-    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
-    with ca, cb, client(stack, ids("c")) as cc:
-        conn = ca.link._conn
-        assert conn is not None
-        lose_the_reply_to_the_next(conn, Commit)
-        ca.timeout = 5.0
+    with _next_commit_reply_lost(stack, channel_name, ids, 5.0) as (_, chan_a, chan_b, _, cc):
         key_package = cc.generate_key_package()
         welcome: list[bytes] = []
         adding = threading.Thread(target=lambda: welcome.append(chan_a.add_member(key_package)))
