@@ -79,6 +79,9 @@ WELCOME_STREAM = "svc:welcomes"
 # time out whenever nothing arrives, and reconnect, with an error logged, every 5 s).
 FOLLOW_BLOCK_MS = 5000
 FOLLOW_SOCKET_TIMEOUT = FOLLOW_BLOCK_MS / 1000 + 10
+# How long close() gives Redis to delete this relay's wake stream (a tidy-up: a Redis
+# that stopped answering must not hold a stopping relay for the socket timeout).
+CLOSE_GRACE = 0.5
 # A commit whose joiners' Welcome index is still unconfirmed after this long is
 # re-indexed by whichever relay looks (on start, and on every retention pass).
 REINDEX_AFTER = 30.0
@@ -385,8 +388,8 @@ class RedisLogStore:
             if task is not None:
                 await _stop(task)
         if self._redis is not None and not self._cluster:
-            with contextlib.suppress(Exception):
-                await self._redis.delete(self._wake_key)
+            with contextlib.suppress(Exception):  # TimeoutError included
+                await asyncio.wait_for(self._redis.delete(self._wake_key), CLOSE_GRACE)
         for conn in (self._redis, self._follow_conn):
             if conn is not None:
                 await conn.aclose()

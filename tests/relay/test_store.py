@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sqlite3
 import threading
 import time
@@ -24,6 +25,8 @@ from svc_server.relay.store import (
     LogStore,
     StaleMessages,
 )
+
+from ..support import RedisServer
 
 pytestmark = pytest.mark.anyio
 
@@ -387,6 +390,33 @@ async def test_close_ends_a_follower_that_swallowed_its_cancellation(
         if store._follower is not None and not store._follower.done():
             store._follower.cancel()  # the second cancel ends it, and close() with it
         await closing
+
+
+async def test_close_does_not_wait_out_a_redis_that_stopped_answering() -> None:
+    """A relay stopping while its Redis hangs (stopped, not gone: connections stay open
+    and nothing is answered) closes its store in about CLOSE_GRACE, not after the
+    client's socket timeout: tidying its wake stream is best effort."""
+    try:
+        server = RedisServer()
+    except FileNotFoundError:
+        pytest.skip("no redis-server on this machine")
+    server.start()
+    assert server.proc is not None
+    try:
+        store = RedisLogStore(server.url, 3600)
+        await store.start()
+        store.watch("a/b/hung", 0)
+        await store.append("a/b/hung", b"s", b"m", 0)
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            await asyncio.wait_for(store.close(), 30)
+            took = time.monotonic() - started
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert took < redis_store.CLOSE_GRACE + 2.0, f"close() took {took:.1f} s"
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow
