@@ -26,20 +26,43 @@ class Admissions:
         self.proposals = False
         # The join request of the add commit being made.
         self._adding: tuple[bytes, bytes] | None = None
+        # do_work: one thread at a time (``_worker``); ``_deferred`` when another left
+        # work to it.
         self._working = threading.Lock()
+        self._worker: int | None = None
+        self._deferred = False
 
     def has_work(self) -> bool:
         """Whether ``do_work`` has commits to make (they need the relay)."""
         return bool(self.join_requests or self.proposals) and self._channel._closed is None
 
     def do_work(self) -> None:
-        """Adds agents that redeemed invites and commits members' leave proposals."""
-        if not self.has_work():
-            return
-        # One thread at a time: another that finds work meanwhile waits, then finds what
-        # that one left (its loop takes what arrives while it runs).
-        with self._working:
-            self._work()
+        """Adds agents that redeemed invites and commits members' leave proposals.
+
+        Never waits for another thread's commit (a reader must not wait out a relay's
+        round trips): work found while a commit is under way, or while another thread
+        does this work, is left to that thread, which takes it once it is done
+        (``Commits.commit`` calls :meth:`after_commit`)."""
+        me = threading.get_ident()
+        if self._worker == me:
+            return  # the thread doing the work, at the end of one of its commits
+        while self.has_work():
+            self._deferred = True
+            if self._channel._commits.busy or not self._working.acquire(blocking=False):
+                return
+            try:
+                self._worker, self._deferred = me, False
+                self._work()
+            finally:
+                self._worker = None
+                self._working.release()
+            if not self._deferred:  # nothing came in that another thread left to this one
+                return
+
+    def after_commit(self) -> None:
+        """A commit ended: takes the work other threads left while it was under way."""
+        if self._deferred:
+            self.do_work()
 
     def _work(self) -> None:
         channel = self._channel

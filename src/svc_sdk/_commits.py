@@ -40,14 +40,27 @@ class Commits:
         self.echoed = False
         self._one_at_a_time = threading.Lock()
 
+    @property
+    def busy(self) -> bool:
+        """Whether a commit is under way (on any thread)."""
+        return self._one_at_a_time.locked()
+
+    def exclusive(self) -> threading.Lock:
+        """Held, no commit is under way: for a change to the group that a pending commit
+        forbids (a leave proposal). Take it before the channel's lock."""
+        return self._one_at_a_time
+
     def commit(self, make: Callable[[], PendingCommit | None]) -> PendingCommit | None:
         """Builds a commit with ``make`` (None: nothing to do any more) and gets it
         accepted, retrying when another member's commit wins the epoch."""
         channel = self._channel
-        with self._one_at_a_time:
-            with channel._lock:
-                channel._check_open()
-            return self._attempts(make)
+        try:
+            with self._one_at_a_time:
+                with channel._lock:
+                    channel._check_open()
+                return self._attempts(make)
+        finally:
+            channel._admissions.after_commit()
 
     def _attempts(self, make: Callable[[], PendingCommit | None]) -> PendingCommit | None:
         channel = self._channel
@@ -116,7 +129,9 @@ class Commits:
                 channel._drain_available()
                 if channel._group.has_pending_commit:
                     channel._group.apply_pending_commit()
-                channel._admissions.proposals = False
+                    # Proposals it covered are done. (When a reader applied the echo, it
+                    # cleared the flag then; one set since is for a later proposal.)
+                    channel._admissions.proposals = False
             return pending
         raise TransportError(
             f"channel {channel.name!r}: commit kept losing to other members' commits"

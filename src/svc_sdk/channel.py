@@ -394,7 +394,8 @@ class Channel:
         """Leaves the channel: asks the other members (an MLS remove proposal) to commit
         this agent's removal, waits up to ``timeout`` for it, then forgets the channel and
         its keys. If no member is online, the local state is deleted anyway."""
-        with self._lock:
+        # A proposal cannot be made while a commit is pending: wait for one under way.
+        with self._commits.exclusive(), self._lock:
             self._check_open()
             self._drain_available()
             me = self._client.engine.member_id

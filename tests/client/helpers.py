@@ -84,3 +84,37 @@ def withhold_deliveries(conn: StreamConnection) -> threading.Event:
 
     conn._dispatch = withholding_dispatch  # type: ignore[method-assign]
     return withholding
+
+
+def hold_the_reply_to_the_next(conn: StreamConnection, kind: type) -> threading.Event:
+    """Makes ``conn`` hold back the Reply to the next request of ``kind`` until the
+    returned event is set: the relay acts on the request at once, and what else it sends
+    goes on arriving meanwhile."""
+    release = threading.Event()
+    held: list[int] = []
+    armed = threading.Event()
+    numbers, send, dispatch = conn._ids, conn.send, conn._dispatch
+
+    class Numbers:  # records the request id the armed request is written under
+        def __next__(self) -> int:
+            number = next(numbers)
+            if armed.is_set():
+                armed.clear()
+                held.append(number)
+            return number
+
+    def arming_send(request: Any) -> Any:
+        if isinstance(request, kind) and not held:
+            armed.set()
+        return send(request)
+
+    def holding_dispatch(frame: Any) -> None:
+        if isinstance(frame, Reply) and frame.request_id in held:
+            threading.Thread(target=lambda: (release.wait(60), dispatch(frame))).start()
+            return
+        dispatch(frame)
+
+    conn._ids = Numbers()  # type: ignore[assignment]
+    conn.send = arming_send  # type: ignore[method-assign]
+    conn._dispatch = holding_dispatch  # type: ignore[method-assign]
+    return release

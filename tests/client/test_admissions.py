@@ -40,6 +40,8 @@ class _Commits:
     """Accepts each commit; between two, the owner removes whoever was added (as
     ``remove_member`` on another thread may)."""
 
+    busy = False
+
     def __init__(self, group: _Group) -> None:
         self.group = group
 

@@ -26,7 +26,14 @@ from svc_sdk.relay_stream import StreamConnection
 from svc_sdk.testing import LocalStack
 
 from ..support import free_port
-from .helpers import client, lose_the_reply_to_the_next, pair, take, withhold_deliveries
+from .helpers import (
+    client,
+    hold_the_reply_to_the_next,
+    lose_the_reply_to_the_next,
+    pair,
+    take,
+    withhold_deliveries,
+)
 
 
 def test_two_agents_exchange_both_ways(stack: LocalStack, channel_name: str, ids: Any) -> None:
@@ -428,6 +435,87 @@ def test_sends_go_on_while_a_commit_waits_for_the_relay(
             got_c += take(chan_c, 1)
         # The new member reads what the relay ordered after the commit, once and in order.
         assert got_c[:-1] == during[len(during) - len(got_c) + 1 :]
+
+
+def test_leave_waits_for_a_commit_under_way(stack: LocalStack, channel_name: str, ids: Any) -> None:
+    """A leave proposal cannot be made while this agent's commit is pending: leave()
+    waits for the commit another thread has under way, then leaves."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        conn = cb.link._conn
+        assert conn is not None
+        release = hold_the_reply_to_the_next(conn, Commit)
+        updating = threading.Thread(target=chan_b.update_keys)
+        updating.start()
+        _wait_for(lambda: chan_b._group.has_pending_commit)
+        stop = threading.Event()
+
+        def listen() -> None:  # a member must be online to commit the removal
+            while not stop.is_set():
+                chan_a._deliveries.wait(0.1)
+                chan_a._deliveries.process_pending()
+
+        listener = threading.Thread(target=listen)
+        listener.start()
+        threading.Timer(0.5, release.set).start()
+        try:
+            chan_b.leave(timeout=20)
+        finally:
+            stop.set()
+            listener.join(5)
+            updating.join(20)
+        assert chan_b.closed and cb.channels() == []
+        assert chan_a.members() == [ca.agent_id]
+
+
+def test_a_proposal_read_while_a_commit_awaits_its_reply_is_committed(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """The Reply to a's commit is slow; meanwhile a reader applies the commit from its
+    echo, then reads b's leave proposal in the new epoch. The commit finishing must not
+    forget that proposal: a commits it (b is removed) once its own commit is done, and
+    a's sends go on (mls-rs refuses them while a received proposal waits)."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        conn = ca.link._conn
+        assert conn is not None
+        release = hold_the_reply_to_the_next(conn, Commit)
+        updating = threading.Thread(target=chan_a.update_keys)
+        updating.start()
+        _wait_for(lambda: chan_a._group.has_pending_commit)
+        # A reader of a's channel applies the commit from its echo.
+        _wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a.epoch == 2)[1])
+        leaving = threading.Thread(target=chan_b.leave, kwargs={"timeout": 20})
+        leaving.start()
+        _wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a._admissions.proposals)[1])
+        release.set()
+        updating.join(20)
+        assert not updating.is_alive()
+        stop = threading.Event()
+
+        def listen() -> None:
+            while not stop.is_set():
+                chan_a._deliveries.wait(0.1)
+                chan_a._deliveries.process_pending()
+
+        listener = threading.Thread(target=listen)
+        listener.start()
+        try:
+            leaving.join(25)
+        finally:
+            stop.set()
+            listener.join(5)
+        assert chan_b.closed
+        assert chan_a.members() == [ca.agent_id]
+        chan_a.send(b"still sending")
+        chan_a.wait_stored(10)
+
+
+def _wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.005)
 
 
 def test_a_closed_client_holds_no_file_of_its_data_dir_open(
