@@ -26,11 +26,13 @@ class Admissions:
         self.proposals = False
         # The join request of the add commit being made.
         self._adding: tuple[bytes, bytes] | None = None
-        # do_work: one thread at a time (``_worker``); ``_deferred`` when another left
-        # work to it.
+        #: Bumped (under the channel's lock) each time processing records work: what
+        #: tells work that arrived since a pass from work that pass already tried.
+        self.arrivals = 0
+        self._tried = 0  # ``arrivals`` when the last pass began
+        # do_work: one thread at a time, ``_worker``.
         self._working = threading.Lock()
         self._worker: int | None = None
-        self._deferred = False
 
     def has_work(self) -> bool:
         """Whether ``do_work`` has commits to make (they need the relay)."""
@@ -40,29 +42,34 @@ class Admissions:
         """Adds agents that redeemed invites and commits members' leave proposals.
 
         Never waits for another thread's commit (a reader must not wait out a relay's
-        round trips): work found while a commit is under way, or while another thread
-        does this work, is left to that thread, which takes it once it is done
-        (``Commits.commit`` calls :meth:`after_commit`)."""
+        round trips): work that arrives while a commit is under way, or while another
+        thread does this work, is left to that thread, which takes it once it is done
+        (``Commits.commit`` calls :meth:`after_commit`). Work a pass tried and could not
+        do (the relay refused, or is away) waits for the next call, not retried in a
+        loop."""
         me = threading.get_ident()
         if self._worker == me:
             return  # the thread doing the work, at the end of one of its commits
         while self.has_work():
-            self._deferred = True
             if self._channel._commits.busy or not self._working.acquire(blocking=False):
                 return
             try:
-                self._worker, self._deferred = me, False
+                self._worker, self._tried = me, self.arrivals
                 self._work()
             finally:
                 self._worker = None
                 self._working.release()
-            if not self._deferred:  # nothing came in that another thread left to this one
+            if self.arrivals == self._tried:  # nothing new came in meanwhile
                 return
 
     def after_commit(self) -> None:
-        """A commit ended: takes the work other threads left while it was under way."""
-        if self._deferred:
-            self.do_work()
+        """A commit ended: takes work that arrived while it was under way. Never raises:
+        the commit's own outcome is what its caller gets."""
+        if self.arrivals != self._tried:
+            try:
+                self.do_work()
+            except Exception:  # do_work logs the library's errors itself
+                log.exception("channel %s: admissions after a commit", self._channel.name)
 
     def _work(self) -> None:
         channel = self._channel

@@ -167,6 +167,7 @@ class Deliveries:
                     removed = removed or result.self_removed
                 elif result.kind == "proposal":
                     admissions.proposals = True
+                    admissions.arrivals += 1
             run.clear()
 
         def store(through: int) -> None:
@@ -196,6 +197,7 @@ class Deliveries:
                 # An invite redemption: its agent is added if this one is the owner or an
                 # admin (Admissions; see join_with_token).
                 admissions.join_requests.append((item.sender, item.message))
+                admissions.arrivals += 1
                 continue
             if item.epoch < channel._joined_epoch:
                 continue  # from before this agent joined

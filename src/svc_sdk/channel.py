@@ -394,19 +394,23 @@ class Channel:
         """Leaves the channel: asks the other members (an MLS remove proposal) to commit
         this agent's removal, waits up to ``timeout`` for it, then forgets the channel and
         its keys. If no member is online, the local state is deleted anyway."""
-        # A proposal cannot be made while a commit is pending: wait for one under way.
-        with self._commits.exclusive(), self._lock:
-            self._check_open()
-            self._drain_available()
-            me = self._client.engine.member_id
-            owner = me is not None and self._group.roles().role(me) == "owner"
-            if owner and len(self._group.members()) > 1:
-                raise AccessError(
-                    f"channel {self.name!r}: the owner cannot leave; hand ownership over "
-                    "first (set_role(member, 'owner'))"
-                )
-            proposal = self._group.propose_leave()
-            self._relay(Publish(channel=self.name, message=[proposal]))
+        try:
+            # A proposal cannot be made while a commit is pending: wait for one under way.
+            with self._commits.exclusive(), self._lock:
+                self._check_open()
+                self._drain_available()
+                me = self._client.engine.member_id
+                owner = me is not None and self._group.roles().role(me) == "owner"
+                if owner and len(self._group.members()) > 1:
+                    raise AccessError(
+                        f"channel {self.name!r}: the owner cannot leave; hand ownership over "
+                        "first (set_role(member, 'owner'))"
+                    )
+                proposal = self._group.propose_leave()
+                self._relay(Publish(channel=self.name, message=[proposal]))
+        finally:
+            # Work readers left to this thread while it held the commit mutex.
+            self._admissions.after_commit()
         deadline = time.monotonic() + timeout
         while self._closed is None and time.monotonic() < deadline:
             with self._cond:

@@ -110,7 +110,9 @@ def hold_the_reply_to_the_next(conn: StreamConnection, kind: type) -> threading.
 
     def holding_dispatch(frame: Any) -> None:
         if isinstance(frame, Reply) and frame.request_id in held:
-            threading.Thread(target=lambda: (release.wait(60), dispatch(frame))).start()
+            threading.Thread(
+                target=lambda: (release.wait(60), dispatch(frame)), daemon=True
+            ).start()
             return
         dispatch(frame)
 

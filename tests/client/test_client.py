@@ -21,7 +21,7 @@ from svc_sdk import (
     SvcClient,
     TransportError,
 )
-from svc_sdk.relay_frames import Commit
+from svc_sdk.relay_frames import Code, Commit, RelayError, Reply
 from svc_sdk.relay_stream import StreamConnection
 from svc_sdk.testing import LocalStack
 
@@ -457,7 +457,7 @@ def test_leave_waits_for_a_commit_under_way(stack: LocalStack, channel_name: str
 
         listener = threading.Thread(target=listen)
         listener.start()
-        threading.Timer(0.5, release.set).start()
+        threading.Timer(1.0, release.set).start()
         try:
             chan_b.leave(timeout=20)
         finally:
@@ -485,6 +485,8 @@ def test_a_proposal_read_while_a_commit_awaits_its_reply_is_committed(
         _wait_for(lambda: chan_a._group.has_pending_commit)
         # A reader of a's channel applies the commit from its echo.
         _wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a.epoch == 2)[1])
+        # b proposes in that epoch too (a proposal of the epoch before is refused as stale).
+        _wait_for(lambda: (chan_b._deliveries.process_pending(), chan_b.epoch == 2)[1])
         leaving = threading.Thread(target=chan_b.leave, kwargs={"timeout": 20})
         leaving.start()
         _wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a._admissions.proposals)[1])
@@ -509,6 +511,63 @@ def test_a_proposal_read_while_a_commit_awaits_its_reply_is_committed(
         assert chan_a.members() == [ca.agent_id]
         chan_a.send(b"still sending")
         chan_a.wait_stored(10)
+
+
+def test_admissions_that_keep_failing_do_not_hold_a_commit_call(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """A proposal is recorded while a's update_keys() awaits its Reply (a listener applied
+    the commit from its echo already), and the relay refuses
+    every commit of it: when update_keys' own commit is done, it tries that work once
+    and returns, however often a listener looks meanwhile; the listener retries it on
+    its own thread."""
+    ca, chan_a, cb, _ = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        admissions, link = chan_a._admissions, ca.link
+        tried: list[int] = []
+        make, request = admissions._commit_proposals, link.request
+
+        def counted_make() -> Any:
+            tried.append(1)
+            return make()
+
+        def refusing_request(frame: Any, **kwargs: Any) -> Any:
+            if isinstance(frame, Commit) and tried:
+                raise RelayError(Reply(code=Code.PERMISSION_DENIED, message="refused"))
+            return request(frame, **kwargs)
+
+        admissions._commit_proposals = counted_make  # type: ignore[method-assign]
+        link.request = refusing_request  # type: ignore[method-assign]
+        conn = link._conn
+        assert conn is not None
+        release = hold_the_reply_to_the_next(conn, Commit)
+        done = threading.Event()
+        updating = threading.Thread(target=lambda: (chan_a.update_keys(), done.set()))
+        updating.start()
+        stop = threading.Event()
+
+        def listen() -> None:  # as the manager's listener does
+            while not stop.is_set():
+                chan_a._deliveries.process_pending()
+                stop.wait(0.05)
+
+        listener = threading.Thread(target=listen)
+        try:
+            _wait_for(lambda: chan_a._commits.busy)
+            listener.start()
+            _wait_for(lambda: chan_a.epoch == 2)  # the listener applied the commit's echo
+            with chan_a._lock:  # what processing does when it reads a leave proposal
+                admissions.proposals = True
+                admissions.arrivals += 1
+            release.set()
+            assert done.wait(15), "update_keys() kept retrying the admissions"
+            assert tried, "the work left to it was tried"
+        finally:
+            release.set()
+            stop.set()
+            if listener.is_alive():
+                listener.join(10)
+            updating.join(15)
 
 
 def _wait_for(condition: Any, timeout: float = 10.0) -> None:
