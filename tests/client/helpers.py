@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from svc_sdk import Channel, SvcClient
@@ -40,33 +42,42 @@ def take(channel: Channel, n: int, timeout: float = 20.0) -> list[bytes]:
     return out
 
 
-def lose_the_reply_to_the_next(conn: StreamConnection, kind: type) -> list[int]:
-    """Makes ``conn`` drop the Reply to the next request of ``kind`` written on it, as if
-    the relay never answered it (it does act on the request). Returns the request ids
-    dropped."""
-    lost: list[int] = []
+def _mark_the_next(conn: StreamConnection, kind: type) -> list[int]:
+    """Records the request id the next request of ``kind`` written on ``conn`` goes under
+    (in the returned list, once written)."""
+    marked: list[int] = []
     armed = threading.Event()
-    numbers, send, dispatch = conn._ids, conn.send, conn._dispatch
+    numbers, send = conn._ids, conn.send
 
     class Numbers:  # records the request id the armed request is written under
         def __next__(self) -> int:
             number = next(numbers)
             if armed.is_set():
                 armed.clear()
-                lost.append(number)
+                marked.append(number)
             return number
 
     def arming_send(request: Any) -> Any:
-        if isinstance(request, kind) and not lost:
+        if isinstance(request, kind) and not marked:
             armed.set()
         return send(request)
+
+    conn._ids = Numbers()  # type: ignore[assignment]
+    conn.send = arming_send  # type: ignore[method-assign]
+    return marked
+
+
+def lose_the_reply_to_the_next(conn: StreamConnection, kind: type) -> list[int]:
+    """Makes ``conn`` drop the Reply to the next request of ``kind`` written on it, as if
+    the relay never answered it (it does act on the request). Returns the request ids
+    dropped."""
+    lost = _mark_the_next(conn, kind)
+    dispatch = conn._dispatch
 
     def dropping_dispatch(frame: Any) -> None:
         if not (isinstance(frame, Reply) and frame.request_id in lost):
             dispatch(frame)
 
-    conn._ids = Numbers()  # type: ignore[assignment]
-    conn.send = arming_send  # type: ignore[method-assign]
     conn._dispatch = dropping_dispatch  # type: ignore[method-assign]
     return lost
 
@@ -91,22 +102,8 @@ def hold_the_reply_to_the_next(conn: StreamConnection, kind: type) -> threading.
     returned event is set: the relay acts on the request at once, and what else it sends
     goes on arriving meanwhile."""
     release = threading.Event()
-    held: list[int] = []
-    armed = threading.Event()
-    numbers, send, dispatch = conn._ids, conn.send, conn._dispatch
-
-    class Numbers:  # records the request id the armed request is written under
-        def __next__(self) -> int:
-            number = next(numbers)
-            if armed.is_set():
-                armed.clear()
-                held.append(number)
-            return number
-
-    def arming_send(request: Any) -> Any:
-        if isinstance(request, kind) and not held:
-            armed.set()
-        return send(request)
+    held = _mark_the_next(conn, kind)
+    dispatch = conn._dispatch
 
     def holding_dispatch(frame: Any) -> None:
         if isinstance(frame, Reply) and frame.request_id in held:
@@ -116,7 +113,25 @@ def hold_the_reply_to_the_next(conn: StreamConnection, kind: type) -> threading.
             return
         dispatch(frame)
 
-    conn._ids = Numbers()  # type: ignore[assignment]
-    conn.send = arming_send  # type: ignore[method-assign]
     conn._dispatch = holding_dispatch  # type: ignore[method-assign]
     return release
+
+
+@contextlib.contextmanager
+def listening(channel: Channel) -> Iterator[None]:
+    """Processes what ``channel`` receives on a thread of its own, as the manager's
+    listener does (a member online to commit others' proposals), until the block ends."""
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            channel._deliveries.wait(0.1)
+            channel._deliveries.process_pending()
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        listener.join(5)

@@ -29,6 +29,7 @@ from ..support import free_port
 from .helpers import (
     client,
     hold_the_reply_to_the_next,
+    listening,
     lose_the_reply_to_the_next,
     pair,
     take,
@@ -238,20 +239,9 @@ def test_leave_is_committed_by_another_member(
 ) -> None:
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca, cb:
-        stop = threading.Event()
-
-        def listen() -> None:  # a member must be online to commit the removal
-            while not stop.is_set():
-                chan_a._deliveries.wait(0.1)
-                chan_a._deliveries.process_pending()
-
-        listener = threading.Thread(target=listen)
-        listener.start()
-        try:
+        with listening(chan_a):  # a member must be online to commit the removal
             chan_b.leave()
-        finally:
-            stop.set()
-            listener.join(5)
+        # Read once the listener is done: b may see its removal before a applies it.
         assert chan_b.closed and cb.channels() == []
         assert chan_a.members() == [ca.agent_id]
 
@@ -448,21 +438,11 @@ def test_leave_waits_for_a_commit_under_way(stack: LocalStack, channel_name: str
         updating = threading.Thread(target=chan_b.update_keys)
         updating.start()
         _wait_for(lambda: chan_b._group.has_pending_commit)
-        stop = threading.Event()
-
-        def listen() -> None:  # a member must be online to commit the removal
-            while not stop.is_set():
-                chan_a._deliveries.wait(0.1)
-                chan_a._deliveries.process_pending()
-
-        listener = threading.Thread(target=listen)
-        listener.start()
         threading.Timer(1.0, release.set).start()
         try:
-            chan_b.leave(timeout=20)
+            with listening(chan_a):
+                chan_b.leave(timeout=20)
         finally:
-            stop.set()
-            listener.join(5)
             updating.join(20)
         assert chan_b.closed and cb.channels() == []
         assert chan_a.members() == [ca.agent_id]
@@ -493,20 +473,8 @@ def test_a_proposal_read_while_a_commit_awaits_its_reply_is_committed(
         release.set()
         updating.join(20)
         assert not updating.is_alive()
-        stop = threading.Event()
-
-        def listen() -> None:
-            while not stop.is_set():
-                chan_a._deliveries.wait(0.1)
-                chan_a._deliveries.process_pending()
-
-        listener = threading.Thread(target=listen)
-        listener.start()
-        try:
+        with listening(chan_a):
             leaving.join(25)
-        finally:
-            stop.set()
-            listener.join(5)
         assert chan_b.closed
         assert chan_a.members() == [ca.agent_id]
         chan_a.send(b"still sending")
