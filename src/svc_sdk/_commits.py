@@ -1,7 +1,9 @@
-"""Getting a channel's commits accepted by the relay.
+"""Getting a channel's commits, and its leave proposals, accepted by the relay.
 
 Commits follow mls-rs's explicit states: a commit is pending until the relay accepts it
-(apply) or another member's commit wins the epoch (clear, process theirs, try again).
+(apply) or another member's commit wins the epoch (clear, process theirs, try again). A
+proposal is only valid in the epoch it was made in: one the relay refuses as stale is
+made again once this agent has caught up.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from svc_sdk._native import PendingCommit
 from svc_sdk.errors import PolicyError, TransportError, relay_error
-from svc_sdk.relay_frames import Code, Commit, CreateChannel, RelayError
+from svc_sdk.relay_frames import Code, Commit, CreateChannel, Publish, RelayError
 
 if TYPE_CHECKING:
     from svc_sdk.channel import Channel
@@ -61,6 +63,41 @@ class Commits:
                 return self._attempts(make)
         finally:
             channel._admissions.after_commit()
+
+    def propose(self, make: Callable[[], bytes]) -> int:
+        """Makes a proposal with ``make`` (called with the channel's lock held, no commit
+        under way) and publishes it; returns the epoch it was made in. When another
+        member's commit took that epoch first (the relay refuses the proposal as stale),
+        catches up and makes it again."""
+        channel = self._channel
+        for _ in range(COMMIT_ATTEMPTS):
+            try:
+                # mls-rs makes no proposal while a commit of this agent is pending.
+                with self._one_at_a_time, channel._lock:
+                    channel._check_open()
+                    channel._drain_available()
+                    channel._check_open()
+                    epoch = channel._group.epoch
+                    proposal = make()
+                    try:
+                        channel._client.link.request(
+                            Publish(channel=channel.name, message=[proposal]),
+                            timeout=channel._client.timeout,
+                        )
+                    except RelayError as exc:
+                        if exc.code != STALE:
+                            raise relay_error(exc, channel.name) from None
+                        current = exc.reply.epoch
+                    else:
+                        return epoch
+            finally:
+                # Work readers left to this thread while it held the commit mutex.
+                channel._admissions.after_commit()
+            self.catch_up(current)
+        raise TransportError(
+            f"channel {channel.name!r}: the proposal kept losing its epoch to other "
+            "members' commits"
+        )
 
     def _attempts(self, make: Callable[[], PendingCommit | None]) -> PendingCommit | None:
         channel = self._channel

@@ -28,7 +28,7 @@ from svc_sdk.errors import AccessError, ChannelClosedError, MlsError, SvcError
 from svc_sdk.health import ChannelHealth
 from svc_sdk.message import Accept, Message, MessageIterator
 from svc_sdk.outbox import Outbox
-from svc_sdk.relay_frames import Publish, Reply, Request
+from svc_sdk.relay_frames import Reply, Request
 
 if TYPE_CHECKING:
     from svc_sdk.client import SvcClient
@@ -393,32 +393,38 @@ class Channel:
     def leave(self, timeout: float = 5.0) -> None:
         """Leaves the channel: asks the other members (an MLS remove proposal) to commit
         this agent's removal, waits up to ``timeout`` for it, then forgets the channel and
-        its keys. If no member is online, the local state is deleted anyway."""
-        try:
-            # A proposal cannot be made while a commit is pending: wait for one under way.
-            with self._commits.exclusive(), self._lock:
-                self._check_open()
-                self._drain_available()
-                me = self._client.engine.member_id
-                owner = me is not None and self._group.roles().role(me) == "owner"
-                if owner and len(self._group.members()) > 1:
-                    raise AccessError(
-                        f"channel {self.name!r}: the owner cannot leave; hand ownership over "
-                        "first (set_role(member, 'owner'))"
-                    )
-                proposal = self._group.propose_leave()
-                self._relay(Publish(channel=self.name, message=[proposal]))
-        finally:
-            # Work readers left to this thread while it held the commit mutex.
-            self._admissions.after_commit()
+        its keys. If no member is online, the local state is deleted anyway.
+
+        A proposal is valid in its epoch only: when another member's commit takes that
+        epoch first (the relay refuses the proposal as stale, or the commit leaves it
+        out), the proposal is made again in the new epoch, until ``timeout``."""
         deadline = time.monotonic() + timeout
+        proposed = self._commits.propose(self._leave_proposal)
         while self._closed is None and time.monotonic() < deadline:
             with self._cond:
                 if not self._raw:
                     self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             self._deliveries.process_pending()
+            if (
+                self._closed is None
+                and self._group.epoch > proposed
+                and time.monotonic() < deadline
+            ):
+                # A commit that did not remove this agent ended the proposal's epoch.
+                proposed = self._commits.propose(self._leave_proposal)
         if self._closed is None:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
+
+    def _leave_proposal(self) -> bytes:
+        """This agent's remove proposal (caller holds the lock, no commit under way)."""
+        me = self._client.engine.member_id
+        owner = me is not None and self._group.roles().role(me) == "owner"
+        if owner and len(self._group.members()) > 1:
+            raise AccessError(
+                f"channel {self.name!r}: the owner cannot leave; hand ownership over "
+                "first (set_role(member, 'owner'))"
+            )
+        return self._group.propose_leave()
 
     def _relay(self, request: Request, *, retry: bool = True) -> Reply:
         """``request`` about this channel, waited for; a refusal as a library error."""

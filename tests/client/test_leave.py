@@ -1,0 +1,89 @@
+"""Channel.leave() against a real local stack when other members' commits race it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from svc_sdk.relay_frames import Commit, Publish
+from svc_sdk.testing import LocalStack
+
+from .helpers import client, listening, pair
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+def test_leave_proposes_again_when_a_commit_wins_its_epoch(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """a's commit reaches the relay between b's catching up and b's proposal: the relay
+    refuses the proposal as stale. leave() catches up and proposes in the new epoch,
+    instead of failing the caller with the relay's refusal."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        conn = cb.link._conn
+        assert conn is not None
+        send, committed = conn.send, threading.Event()
+
+        def commit_first(request: Any) -> Any:
+            if isinstance(request, Publish) and not committed.is_set():
+                committed.set()
+                chan_a.update_keys()  # takes the epoch b's proposal is for
+            return send(request)
+
+        conn.send = commit_first  # type: ignore[method-assign]
+        with listening(chan_a):
+            chan_b.leave(timeout=20)
+            _wait_for(lambda: chan_a.members() == [ca.agent_id])
+        assert committed.is_set() and chan_a.epoch == 3  # the update, then b's removal
+        assert chan_b.closed and cb.channels() == []
+
+
+def test_leave_proposes_again_when_a_commit_leaves_its_proposal_out(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """c's commit, built before b proposed, is ordered after b's proposal and does not
+    include it: the proposal dies with its epoch. leave() proposes again in the new one,
+    so b is removed from the group, not only forgotten on its own side."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    cc = client(stack, ids("c"))
+    with ca, cb, cc:
+        chan_c = cc.join_channel(channel_name, chan_a.add_member(cc.generate_key_package()))
+        proposed = threading.Event()
+        c_conn, b_conn = cc.link._conn, cb.link._conn
+        assert c_conn is not None and b_conn is not None
+        c_send, b_send = c_conn.send, b_conn.send
+
+        def commit_after_the_proposal(request: Any) -> Any:
+            if isinstance(request, Commit):
+                assert proposed.wait(20)
+            return c_send(request)
+
+        def proposing(request: Any) -> Any:
+            future = b_send(request)
+            if isinstance(request, Publish):
+                future.add_done_callback(lambda _: proposed.set())
+            return future
+
+        c_conn.send = commit_after_the_proposal  # type: ignore[method-assign]
+        b_conn.send = proposing  # type: ignore[method-assign]
+        updating = threading.Thread(target=chan_c.update_keys)
+        updating.start()
+        _wait_for(lambda: chan_c._group.has_pending_commit)
+        leaving = threading.Thread(target=chan_b.leave, kwargs={"timeout": 30})
+        leaving.start()
+        updating.join(30)
+        assert not updating.is_alive()
+        # Only now a member that commits others' proposals is online.
+        with listening(chan_a):
+            leaving.join(40)
+            assert not leaving.is_alive()
+            _wait_for(lambda: sorted(chan_a.members()) == sorted([ca.agent_id, cc.agent_id]))
+        assert chan_b.closed and cb.channels() == []
