@@ -6,6 +6,7 @@ import itertools
 import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ def make_engine(tmp_path: Path) -> Callable[[str], Engine]:
     """Creates an engine with its own data_dir under the test's temporary directory, with
     a credential from the session's issuer (of account ``ISSUER.account``)."""
 
-    def make(name: str, **kwargs: int) -> Engine:
+    def make(name: str, **kwargs: Any) -> Engine:
         return ISSUER.certify(Engine(tmp_path / name, name.encode(), **kwargs))
 
     return make

@@ -25,7 +25,7 @@ def test_the_four_notebooks_exist() -> None:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_outputs_are_stripped(path: Path) -> None:
-    notebook = nbformat.read(path, as_version=4)
+    notebook = nbformat.read(path, as_version=4)  # type: ignore[no-untyped-call]
     for cell in notebook.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, path.name
@@ -37,7 +37,7 @@ def test_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
     # Run in a directory of its own: nothing of the clone (examples/, relative paths)
     # can be reached from there, only the installed packages.
     copy = Path(shutil.copy(path, tmp_path))
-    notebook = nbformat.read(copy, as_version=4)
+    notebook = nbformat.read(copy, as_version=4)  # type: ignore[no-untyped-call]
     # A per-cell limit turns a hang into a failure; how long they take is in the docs.
     client = NotebookClient(
         notebook,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -57,7 +58,7 @@ def test_messages_in_a_context(stack: LocalStack, ids: Callable[[str], str]) -> 
         "name": "t.pdf",
         "mimeType": "application/pdf",
     }
-    parts = [
+    parts: list[dict[str, Any]] = [
         {"type": "text", "text": "two seats to Lyon"},
         {"type": "data", "data": {"seats": 2, "class": None}},
         {"type": "file", "file": file},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,10 @@ def counts(bridge: ProtocolBridge, name: str) -> tuple[int, int]:
     return bridge.skipped[name], bridge.forwarded[name]
 
 
-PARTS = [{"type": "text", "text": "book a train"}, {"type": "data", "data": {"seats": 2}}]
+PARTS: list[dict[str, Any]] = [
+    {"type": "text", "text": "book a train"},
+    {"type": "data", "data": {"seats": 2}},
+]
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,10 @@ def test_files_map_to_each_protocol() -> None:
             "mimeType": "image/png",
         },
     }
-    link = {"type": "file", "file": {"uri": "https://example.com/a.pdf", "name": "a.pdf"}}
+    link: dict[str, Any] = {
+        "type": "file",
+        "file": {"uri": "https://example.com/a.pdf", "name": "a.pdf"},
+    }
     a2a = content.to_a2a(Content([png, link]))
     assert parts_of(a2a) == [png, link]
     slim = translate(content.to_a2a(Content([png])), Protocol.SLIM)

@@ -34,7 +34,7 @@ def pair(
 
 
 def take(channel: Channel, n: int, timeout: float = 20.0) -> list[bytes]:
-    out = []
+    out: list[bytes] = []
     for _ in range(n):
         message = channel.next_message(timeout)
         assert message is not None, f"got {len(out)} of {n} messages: {out[-3:]}"

@@ -323,7 +323,7 @@ def test_bad_input_to_the_async_face(stack: LocalStack, channel_name: str, ids: 
 
     async def main() -> None:
         reader = AsyncChannel(chan_b)
-        for kwargs, error in [
+        cases: list[tuple[dict[str, Any], type[Exception]]] = [
             ({"limit": 0}, ValueError),
             ({"limit": True}, ValueError),
             ({"limit": "3"}, ValueError),
@@ -331,11 +331,12 @@ def test_bad_input_to_the_async_face(stack: LocalStack, channel_name: str, ids: 
             ({"timeout": -1}, ValueError),
             ({"timeout": float("nan")}, ValueError),
             ({"accept": 1}, TypeError),
-        ]:
+        ]
+        for kwargs, error in cases:
             with pytest.raises(error):
                 await reader.next_messages(**kwargs)
         with pytest.raises(TypeError):
-            await reader.messages(timeout="soon").__anext__()
+            await reader.messages(timeout="soon").__anext__()  # type: ignore[arg-type]
         manager = AsyncSvcChannelManager(stack.manager(ids("m")))
         async with manager:
             with pytest.raises(ChannelNameError):
@@ -352,7 +353,7 @@ def test_bad_input_to_the_async_face(stack: LocalStack, channel_name: str, ids: 
     with ca, cb:
         for wrap, thing in [(AsyncChannel, cb), (AsyncSvcClient, chan_b)]:
             with pytest.raises(TypeError, match="wraps"):
-                wrap(thing)  # type: ignore[arg-type]
+                wrap(thing)
         with pytest.raises(TypeError, match="wraps"):
             AsyncSvcChannelManager(cb)  # type: ignore[arg-type]
         with pytest.raises(KeyError):

@@ -27,7 +27,7 @@ from .helpers import client, pair, take
 
 
 def test_constructor_arguments(stack: LocalStack, tmp_path: Path) -> None:
-    auth = {"api_key": stack.api_key, "api_url": stack.api_url}
+    auth: dict[str, Any] = {"api_key": stack.api_key, "api_url": stack.api_url}
     with pytest.raises(TypeError, match="identity must be bytes"):
         SvcClient(stack.relay_url, tmp_path / "a", "alice", **auth)  # type: ignore[arg-type]
     for identity in (b"", b"x" * 1025):

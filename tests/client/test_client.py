@@ -505,7 +505,7 @@ def test_admissions_that_keep_failing_do_not_hold_a_commit_call(
             return request(frame, **kwargs)
 
         admissions._commit_proposals = counted_make  # type: ignore[method-assign]
-        link.request = refusing_request  # type: ignore[method-assign]
+        link.request = refusing_request  # type: ignore[method-assign, assignment]
         conn = link._conn
         assert conn is not None
         release = hold_the_reply_to_the_next(conn, Commit)

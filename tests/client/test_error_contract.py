@@ -19,6 +19,7 @@ import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +152,10 @@ async def _bounded(coro: Any) -> Any:
         raise
 
 
+def _open_and_close(kwargs: dict[str, Any]) -> None:
+    SvcChannelManager(**kwargs).close()
+
+
 def walk_object(walk: Walk, obj: Any, *, bad_args: bool = True) -> None:
     """Every public method and property of ``obj``: with good arguments, then (if
     ``bad_args``) each argument in turn with each of its bad values."""
@@ -161,7 +166,7 @@ def walk_object(walk: Walk, obj: Any, *, bad_args: bool = True) -> None:
         static = inspect.getattr_static(type(obj), name)
         where = f"{cls}.{name}"
         if isinstance(static, property):
-            walk.call(where, lambda name=name: getattr(obj, name))
+            walk.call(where, partial(getattr, obj, name))
             continue
         method = getattr(obj, name)
         if not callable(method) or isinstance(method, type):
@@ -181,15 +186,13 @@ def walk_object(walk: Walk, obj: Any, *, bad_args: bool = True) -> None:
                 good[p.name] = values[p.name][0]
             else:
                 assert p.default is not p.empty, f"add a good value for {where}({p.name})"
-        walk.call(f"{where}({good})", lambda m=method, g=good: m(**g))
+        walk.call(f"{where}({good})", partial(method, **good))
         if not bad_args:
             continue
         for p in params:
             for value in values.get(p.name, (None, []))[1]:
                 args = {**good, p.name: value}
-                walk.call(
-                    f"{where}({p.name}={value!r:.40})", lambda m=method, a=args: m(**a), bad=True
-                )
+                walk.call(f"{where}({p.name}={value!r:.40})", partial(method, **args), bad=True)
 
 
 def adapters(manager: SvcChannelManager) -> list[Any]:
@@ -211,12 +214,14 @@ def walk_everything(
 def constructors(walk: Walk, manager: SvcChannelManager) -> None:
     """The adapters' constructors with bad arguments."""
     for cls in (SLIMAdapter, ProtocolBridge):
-        walk.call(f"{cls.__name__}(None)", lambda cls=cls: cls(None), bad=True)
+        walk.call(f"{cls.__name__}(None)", partial(cls, None), bad=True)  # type: ignore[arg-type]
     for agent in ("", None, 5):
-        walk.call(f"SvcA2AAdapter({agent!r})", lambda a=agent: SvcA2AAdapter(manager, a), bad=True)
+        bad_agent: Any = agent
+        walk.call(f"SvcA2AAdapter({agent!r})", partial(SvcA2AAdapter, manager, bad_agent), bad=True)
     for channel in ("bad", None):
+        bad_channel: Any = channel
         walk.call(
-            f"SvcTransport({channel!r})", lambda ch=channel: SvcTransport(manager, ch), bad=True
+            f"SvcTransport({channel!r})", partial(SvcTransport, manager, bad_channel), bad=True
         )
 
 
@@ -256,7 +261,7 @@ def test_relay_and_api_killed(tmp_path: Path) -> None:
             stack.kill()
             walk_everything(walk, c, manager, bad_args=False)
             for obj in [c.channel(CHANNEL)]:
-                walk.call("Channel.leave (relay down)", lambda o=obj: o.leave(timeout=1.0))
+                walk.call("Channel.leave (relay down)", partial(obj.leave, timeout=1.0))
             walk.call("SvcChannelManager.leave (relay down)", lambda: manager.leave(CHANNEL))
         # New clients while both servers are down.
         walk.call("SvcClient (all down)", lambda: client(stack, "contract-k2", connect_timeout=1.0))
@@ -306,7 +311,7 @@ def test_unreachable_and_malformed_addresses(stack: LocalStack, tmp_path: Path) 
         margs["data_dir"] = tmp_path / f"m{n}"
         if "endpoint" in override:
             continue  # the manager waits its fixed 10 s to connect; SvcClient covers it
-        walk.call(f"SvcChannelManager ({what})", lambda a=margs: SvcChannelManager(**a).close())
+        walk.call(f"SvcChannelManager ({what})", partial(_open_and_close, margs))
     walk.check()
 
 

@@ -108,7 +108,7 @@ def test_while_reading_back_fails_newer_messages_do_not_pass_the_stored_ones(
         chan_a.send(b"newer")
         assert chan_b.next_message(1) is None, "not before the ones that wait on disk"
         monkeypatch.setattr(cb.state, "inbox", real)
-        got = []
+        got: list[bytes] = []
         while len(got) < 20 - BOUND + 1:
             message = chan_b.next_message(5)
             assert message is not None, f"got {got}"

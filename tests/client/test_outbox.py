@@ -461,7 +461,7 @@ def test_a_pump_that_failed_is_started_again_by_the_next_send(
     """A pump that ended on a bug (logged) must not leave the channel waiting on a thread
     that is gone: the next send starts another, and everything is stored."""
     pump = outbox.Outbox._pump
-    failures = []
+    failures: list[outbox.Outbox] = []
 
     def failing_once(self: outbox.Outbox) -> None:
         if not failures:

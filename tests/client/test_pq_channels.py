@@ -170,6 +170,7 @@ def test_the_engine_refuses_bad_suites_and_the_tracker_follows_pq_commits(
     pending = group.add_members([bob.generate_key_package(PQ_CIPHER_SUITE)])
     tracked.process(pending.commit)  # the relay's validation, as it runs it
     group.apply_pending_commit()
+    assert pending.welcome is not None
     bob_group = bob.join_group(pending.welcome)
     # The commit is a PublicMessage, whose framing names no suite: the tracker, which
     # verified it under the group's suite, and its size show it is a 65100 commit (its
@@ -181,6 +182,7 @@ def test_the_engine_refuses_bad_suites_and_the_tracker_follows_pq_commits(
     tracked.process(add_carol.commit)
     group.apply_pending_commit()
     bob_group.process(add_carol.commit)
+    assert add_carol.welcome is not None
     carol_group = carol.join_group(add_carol.welcome)
     assert tracked.epoch == group.epoch == bob_group.epoch == carol_group.epoch
     assert carol_group.process(bob_group.encrypt(b"pq")).data == b"pq"

@@ -72,7 +72,13 @@ def test_a_message_that_is_not_a_request_raises_type_error(message: object) -> N
 def test_a_refusal_carries_every_field_of_the_relays_reply() -> None:
     """``RelayConnection.request`` raises RelayError with the agents' Reply: each field of
     the generated message is carried over, none left at its default."""
-    fields = {"request_id": 2**64 - 1, "code": 9, "message": "stale", "seq": 4, "epoch": 7}
+    fields: dict[str, typing.Any] = {
+        "request_id": 2**64 - 1,
+        "code": 9,
+        "message": "stale",
+        "seq": 4,
+        "epoch": 7,
+    }
     fields |= {"head_seq": 12, "cipher_suite": 65100}
     assert set(fields) == {f.name for f in pb.Reply.DESCRIPTOR.fields}
     assert reply_of(pb.Reply(**fields)) == Reply(**fields)

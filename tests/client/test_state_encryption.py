@@ -427,7 +427,8 @@ def test_encrypted_clients_exchange_messages_and_restart(
             welcome = chan_a.add_member(bob.generate_key_package())
             chan_b = bob.join_channel(channel_name, welcome)
             chan_a.send(b"hello")
-            assert chan_b.next_message(10).data == b"hello"
+            got = chan_b.next_message(10)
+            assert got is not None and got.data == b"hello"
             chan_a.send(secret)
             chan_a.wait_stored()
             assert chan_b._deliveries.wait(20)
@@ -439,7 +440,8 @@ def test_encrypted_clients_exchange_messages_and_restart(
             msg = again.channel(channel_name).next_message(10)
             assert msg is not None and msg.data == secret
             again.channel(channel_name).send(b"back")
-        assert chan_a.next_message(10).data == b"back"
+        back = chan_a.next_message(10)
+        assert back is not None and back.data == b"back"
     for who in ("alice", "bob"):
         assert state_key.encryption(tmp_path / who) == "encrypted"
 

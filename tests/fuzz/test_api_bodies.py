@@ -51,10 +51,17 @@ class Target:
     requests: list[Request]
 
 
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     root: Path = tmp_path_factory.mktemp("fuzz-api")
-    limits = {"signup_rate_limit": "1000000/minute", "auth_failure_rate_limit": "1000000/minute"}
+    limits: dict[str, Any] = {
+        "signup_rate_limit": "1000000/minute",
+        "auth_failure_rate_limit": "1000000/minute",
+    }
     with LocalStack(**limits) as stack, httpx.Client(base_url=stack.api_url, timeout=30) as http:
         headers = {"Authorization": f"Bearer {stack.api_key}"}
         owner = client(stack, "fuzz-api-owner")
@@ -67,7 +74,6 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
         )
         request = verify_credential_request(content, proof)
         spare = http.post("/v1/keys", json={"name": "spare"}, headers=headers).json()
-        b64 = lambda data: base64.b64encode(data).decode()  # noqa: E731
         requests = [
             Request("POST", "/v1/accounts", {"email": "fuzz@example.com", "name": "Fuzz"}),
             Request("POST", "/v1/keys", {"name": "k"}),

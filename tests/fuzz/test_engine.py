@@ -6,14 +6,22 @@ fresh genuine message still decrypts (or a genuine commit still validates)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 
-from svc_sdk.mls import Engine, Group, GroupTracker, MlsError, TrackedGroup, inspect
+from svc_sdk.mls import (
+    Engine,
+    Group,
+    GroupTracker,
+    MlsError,
+    PendingCommit,
+    TrackedGroup,
+    inspect,
+)
 
 from ..conftest import ISSUER, member_id
 from ..engine.helpers import make_group
@@ -37,7 +45,7 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     root: Path = tmp_path_factory.mktemp("fuzz-engine")
 
     def engine(name: str) -> Engine:
@@ -51,13 +59,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     # (Welcomes to the joiner alone: one to several agents carries each one's secrets
     # encrypted to that agent only, so a change in carol's part is no change for the
     # joiner — MLS by design, RFC 9420 §12.4.3.1.)
-    for make in (
+    makers: tuple[Callable[[], PendingCommit], ...] = (
         lambda: alice.add_members([key_packages[1]]),
         lambda: alice.add_members([key_packages[0]]),
         lambda: alice.self_update(),
         lambda: alice.remove_members([member_id("bob")]),
         lambda: alice.set_role(member_id("bob"), "admin"),
-    ):
+    )
+    for make in makers:
         pending = make()
         commits.append(pending.commit)
         if pending.welcome is not None:

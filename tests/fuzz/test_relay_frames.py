@@ -241,7 +241,8 @@ def test_relay_frames(target: Target) -> None:
                 case.cases += isinstance(result, pb.Reply)  # frames the relay answered
                 if isinstance(result, Ended):
                     assert result.code in END_CODES, (result.code, result.details)
-                    ends[result.code.name] = ends.get(result.code.name, 0) + 1
+                    name = result.code.name  # type: ignore[union-attr]
+                    ends[name] = ends.get(name, 0) + 1
                 else:
                     assert result.code in REPLY_CODES, (result.code, result.message, batch)
 

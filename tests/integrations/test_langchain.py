@@ -55,7 +55,7 @@ def test_tools_have_the_documented_names_and_arguments(
     assert set(by_name["svc_send"].args) == {"channel", "message"}
     assert set(by_name["svc_receive"].args) == {"channel", "timeout"}
     for t in tools:
-        schema = t.args_schema.model_json_schema()  # type: ignore[union-attr]
+        schema = t.args_schema.model_json_schema()
         assert all(p.get("description") for p in schema.get("properties", {}).values())
 
 
@@ -255,7 +255,7 @@ async def test_a_cancelled_async_receive_loses_no_message(
     assert [m["message"] for m in got] == ["kept"]
 
 
-BAD_CALLS = [
+BAD_CALLS: list[tuple[str, dict[str, Any]]] = [
     ("svc_create_channel", {"channel": "no slashes"}),
     ("svc_send", {"channel": "acme/x/never-joined", "message": "x"}),
     ("svc_receive", {"channel": "acme/x/never-joined", "timeout": 0}),

@@ -56,7 +56,7 @@ def anyio_backend() -> str:
 
 async def test_a_burst_of_frames_lets_the_loop_turn() -> None:
     stream = FakeStream()
-    client = ClientStream(stream)  # type: ignore[arg-type]
+    client = ClientStream(stream)
     burst = 20 * FAIR_SHARE
     client.on_event([frame(i + 1) for i in range(burst)], True, None, False)
     turns = 0
@@ -77,18 +77,18 @@ async def test_a_burst_of_frames_lets_the_loop_turn() -> None:
 
 
 async def test_frames_that_do_not_parse_become_none_and_an_end_raises() -> None:
-    client = ClientStream(FakeStream())  # type: ignore[arg-type]
+    client = ClientStream(FakeStream())
     client.on_event([b"\xff\xff not protobuf", frame(3)], False, (8, "frame too large"), False)
     frames = client.requests()
     assert await anext(frames) is None
-    assert (await anext(frames)).request_id == 3  # type: ignore[union-attr]
+    assert (await anext(frames)).request_id == 3
     with pytest.raises(ConnectionError, match="frame too large"):
         await anext(frames)
 
 
 async def test_a_full_stream_waits_for_room_and_then_writes() -> None:
     stream = FakeStream()
-    client = ClientStream(stream)  # type: ignore[arg-type]
+    client = ClientStream(stream)
     stream.room = False
     writing = asyncio.create_task(client.write(b"frame"))
     await asyncio.sleep(0.01)
@@ -101,12 +101,12 @@ async def test_a_full_stream_waits_for_room_and_then_writes() -> None:
 
 async def test_the_transport_error_status_reaches_the_client() -> None:
     stream = FakeStream()
-    client = ClientStream(stream)  # type: ignore[arg-type]
+    client = ClientStream(stream)
     client.on_event([], False, (8, "decoded message length too large"), False)
     client.finish_ok()
     assert stream.finished == (8, "decoded message length too large")
     cancelled = FakeStream()
-    other = ClientStream(cancelled)  # type: ignore[arg-type]
+    other = ClientStream(cancelled)
     other.on_event([], False, (1, "stream closed"), False)
     other.finish_ok()
     assert cancelled.finished == (0, "")

@@ -181,6 +181,7 @@ async def test_a_removed_members_account_loses_every_stream_at_once(
     assert bob.received == [b"before"]
     seen = (await asyncio.wait_for(watcher.deliveries.get(), 10)).seq
 
+    assert alice.group is not None
     removal = await alice.commit(CHANNEL, alice.group.remove_members([bob.member_id]))
     last = await alice.send(CHANNEL, "after the removal")
     # A stream of alice's account has both by now; bob's account's end at the removal.
@@ -251,6 +252,7 @@ async def test_a_removal_reaches_the_account_api_when_the_committing_stream_ends
         await write(*args, **kwargs)
 
     monkeypatch.setattr(relay.access, "record", slow_record)
+    assert alice.group is not None
     pending = alice.group.remove_members([bob.member_id])
     frame = pb.Commit(channel=CHANNEL, epoch=pending.epoch, commit=pending.commit)
     sent = asyncio.ensure_future(alice.conn.request(frame, check=False))

@@ -192,9 +192,9 @@ async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_p
     alice.group.clear_pending_commit()
     other = engine(tmp_path, "zed").create_group(b"other/group/id")
     cases.append((pb.Publish(channel=CHANNEL, message=[other.encrypt(b"x")]), "another group"))
-    for frame, message in cases:
+    for frame, why in cases:
         reply = await alice.conn.request(frame, check=False)
-        assert reply.code == INVALID and message in reply.message, (type(frame).__name__, reply)
+        assert reply.code == INVALID and why in reply.message, (type(frame).__name__, reply)
     # The stream is still fine.
     await alice.send(CHANNEL, "still here")
     await bob.next()

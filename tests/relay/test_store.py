@@ -221,7 +221,7 @@ async def test_large_writes_and_trims_never_run_on_the_event_loop(tmp_path: Path
         ran_on.append(threading.current_thread().name)
         return real(*args)
 
-    store._run_batch = recording  # type: ignore[method-assign]
+    store._run_batch = recording
     try:
         await store.append("a/b/c", b"s", b"small", 0)
         await store.append("a/b/c", b"s", b"x" * (INLINE_MAX_BYTES + 1), 0)
@@ -299,7 +299,7 @@ class _FullDisk:
 
 def test_a_failing_checkpoint_is_retried_once_a_second_not_once_per_write() -> None:
     disk = _FullDisk()
-    checkpoints = Checkpointer(lambda: disk)  # type: ignore[arg-type, return-value]
+    checkpoints = Checkpointer(lambda: disk)
     checkpoints.start()
     try:
         deadline = time.monotonic() + 0.5
@@ -326,11 +326,11 @@ async def test_messages_stay_stored_and_readable_while_checkpoints_fail(tmp_path
         original(self, lambda: disk, writes)
 
     store = SqliteLogStore(tmp_path / "relay.sqlite3")
-    sqlite_checkpoints.Checkpointer.__init__ = failing  # type: ignore[method-assign]
+    sqlite_checkpoints.Checkpointer.__init__ = failing
     try:
         await store.start()
     finally:
-        sqlite_checkpoints.Checkpointer.__init__ = original  # type: ignore[method-assign]
+        sqlite_checkpoints.Checkpointer.__init__ = original
     try:
         for i in range(300):
             await store.append("a/b/c", b"s", b"m%d" % i + b"x" * 4096, 0)

@@ -45,7 +45,7 @@ def test_api_conforms_to_its_schema(live_api: RunningApi) -> None:
     # Driven through Schemathesis's public strategy API rather than its pytest plugin,
     # which reaches into pytest internals that pytest 9 removed.
     for result in schema.get_all_operations():
-        operation = result.ok()
+        operation = result.ok()  # type: ignore[union-attr]
 
         @given(case=operation.as_strategy())
         @settings(

@@ -21,7 +21,7 @@ from .test_accounts import assert_problem
 
 @contextmanager
 def statements(api: RunningApi) -> Iterator[list[tuple[str, Any]]]:
-    engine = api.server.config.app.state.services.engine
+    engine = api.server.config.app.state.services.engine  # type: ignore[union-attr]
     seen: list[tuple[str, Any]] = []
 
     def record(

@@ -87,7 +87,7 @@ def test_rotation_keeps_old_tokens_valid_until_they_expire(
     sessions = make_sessionmaker(engine)
     with transaction(sessions) as session:
         new_kid = signing.rotate(session, api.settings.token_ttl_seconds).kid
-    api.server.config.app.state.services.signer.invalidate()
+    api.server.config.app.state.services.signer.invalidate()  # type: ignore[union-attr]
     new = http.post("/v1/tokens", headers=bearer(key)).json()["token"]
     assert jwt.get_unverified_header(new)["kid"] == new_kid != jwt.get_unverified_header(old)["kid"]
     check = verifier(api)
@@ -129,7 +129,7 @@ def _claims(**overrides: Any) -> dict[str, Any]:
 
 
 def _real_signer(api: RunningApi) -> signing.ActiveSigner:
-    return api.server.config.app.state.services.signer.get()
+    return api.server.config.app.state.services.signer.get()  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -162,7 +162,7 @@ def test_verifier_rejects_forgeries(api: RunningApi) -> None:
         check.verify(_forge(_claims(), kid))  # right kid, wrong key
     with pytest.raises(InvalidToken, match="not accepted"):
         check.verify(jwt.encode(_claims(), "s" * 32, algorithm="HS256", headers={"kid": kid}))
-    unsigned = jwt.encode(_claims(), None, algorithm="none", headers={"kid": kid})
+    unsigned = jwt.encode(_claims(), None, algorithm="none", headers={"kid": kid})  # type: ignore[arg-type]
     with pytest.raises(InvalidToken, match="not accepted"):
         check.verify(unsigned)
     with pytest.raises(InvalidToken, match="unknown key"):
