@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from svc_sdk import Channel, SvcClient
@@ -40,6 +41,14 @@ def take(channel: Channel, n: int, timeout: float = 20.0) -> list[bytes]:
         assert message is not None, f"got {len(out)} of {n} messages: {out[-3:]}"
         out.append(message.data)
     return out
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30.0) -> None:
+    """Polls ``condition`` until it holds; fails the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.005)
 
 
 def _mark_the_next(conn: StreamConnection, kind: type) -> list[int]:

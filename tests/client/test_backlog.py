@@ -20,7 +20,7 @@ from svc_sdk.relay_frames import Deliveries, Delivery, Event, Lagged, decode
 from svc_sdk.relay_link import PAUSED, RelayLink, _Sub
 from svc_sdk.testing import LocalStack
 
-from .helpers import pair
+from .helpers import pair, wait_for
 
 MAX_BATCH = 256  # deliveries in one relay frame (server/relay/hub.py)
 MAX_BATCH_BYTES = 256 * 1024  # a relay frame closes once its encoded deliveries reach this
@@ -57,13 +57,6 @@ class Watch:
     def paused(self) -> bool:
         sub = self.channel._client.link._subs.get(self.channel.name)
         return sub is not None and sub.paused
-
-
-def wait_for(condition: Any, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def read_slowly(channel: Channel, count: int, pause: float = 0.002) -> list[bytes]:

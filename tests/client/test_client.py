@@ -33,6 +33,7 @@ from .helpers import (
     lose_the_reply_to_the_next,
     pair,
     take,
+    wait_for,
     withhold_deliveries,
 )
 
@@ -437,7 +438,7 @@ def test_leave_waits_for_a_commit_under_way(stack: LocalStack, channel_name: str
         release = hold_the_reply_to_the_next(conn, Commit)
         updating = threading.Thread(target=chan_b.update_keys)
         updating.start()
-        _wait_for(lambda: chan_b._group.has_pending_commit)
+        wait_for(lambda: chan_b._group.has_pending_commit)
         threading.Timer(1.0, release.set).start()
         try:
             with listening(chan_a):
@@ -462,14 +463,14 @@ def test_a_proposal_read_while_a_commit_awaits_its_reply_is_committed(
         release = hold_the_reply_to_the_next(conn, Commit)
         updating = threading.Thread(target=chan_a.update_keys)
         updating.start()
-        _wait_for(lambda: chan_a._group.has_pending_commit)
+        wait_for(lambda: chan_a._group.has_pending_commit)
         # A reader of a's channel applies the commit from its echo.
-        _wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a.epoch == 2)[1])
+        wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a.epoch == 2)[1])
         # b proposes in that epoch too (a proposal of the epoch before is refused as stale).
-        _wait_for(lambda: (chan_b._deliveries.process_pending(), chan_b.epoch == 2)[1])
+        wait_for(lambda: (chan_b._deliveries.process_pending(), chan_b.epoch == 2)[1])
         leaving = threading.Thread(target=chan_b.leave, kwargs={"timeout": 20})
         leaving.start()
-        _wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a._admissions.proposals)[1])
+        wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a._admissions.proposals)[1])
         release.set()
         updating.join(20)
         assert not updating.is_alive()
@@ -521,9 +522,9 @@ def test_admissions_that_keep_failing_do_not_hold_a_commit_call(
 
         listener = threading.Thread(target=listen)
         try:
-            _wait_for(lambda: chan_a._commits.busy)
+            wait_for(lambda: chan_a._commits.busy)
             listener.start()
-            _wait_for(lambda: chan_a.epoch == 2)  # the listener applied the commit's echo
+            wait_for(lambda: chan_a.epoch == 2)  # the listener applied the commit's echo
             with chan_a._lock:  # what processing does when it reads a leave proposal
                 admissions.proposals = True
                 admissions.arrivals += 1
@@ -536,13 +537,6 @@ def test_admissions_that_keep_failing_do_not_hold_a_commit_call(
             if listener.is_alive():
                 listener.join(10)
             updating.join(15)
-
-
-def _wait_for(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.005)
 
 
 def test_a_closed_client_holds_no_file_of_its_data_dir_open(

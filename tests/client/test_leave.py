@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from typing import Any
 
 from svc_sdk.relay_frames import Commit, Publish
 from svc_sdk.testing import LocalStack
 
-from .helpers import client, listening, pair
-
-
-def _wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never held"
-        time.sleep(0.01)
+from .helpers import client, listening, pair, wait_for
 
 
 def test_leave_proposes_again_when_a_commit_wins_its_epoch(
@@ -41,7 +32,7 @@ def test_leave_proposes_again_when_a_commit_wins_its_epoch(
         conn.send = commit_first  # type: ignore[method-assign]
         with listening(chan_a):
             chan_b.leave(timeout=20)
-            _wait_for(lambda: chan_a.members() == [ca.agent_id])
+            wait_for(lambda: chan_a.members() == [ca.agent_id])
         assert committed.is_set() and chan_a.epoch == 3  # the update, then b's removal
         assert chan_b.closed and cb.channels() == []
 
@@ -76,7 +67,7 @@ def test_leave_proposes_again_when_a_commit_leaves_its_proposal_out(
         b_conn.send = proposing  # type: ignore[method-assign]
         updating = threading.Thread(target=chan_c.update_keys)
         updating.start()
-        _wait_for(lambda: chan_c._group.has_pending_commit)
+        wait_for(lambda: chan_c._group.has_pending_commit)
         leaving = threading.Thread(target=chan_b.leave, kwargs={"timeout": 30})
         leaving.start()
         updating.join(30)
@@ -85,5 +76,5 @@ def test_leave_proposes_again_when_a_commit_leaves_its_proposal_out(
         with listening(chan_a):
             leaving.join(40)
             assert not leaving.is_alive()
-            _wait_for(lambda: sorted(chan_a.members()) == sorted([ca.agent_id, cc.agent_id]))
+            wait_for(lambda: sorted(chan_a.members()) == sorted([ca.agent_id, cc.agent_id]))
         assert chan_b.closed and cb.channels() == []
