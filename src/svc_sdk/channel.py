@@ -24,7 +24,13 @@ from svc_sdk._native import Group, inspect
 from svc_sdk._reader import Reader
 from svc_sdk._waiters import AsyncWaiters
 from svc_sdk.agent_id import AgentId
-from svc_sdk.errors import AccessError, ChannelClosedError, MlsError, SvcError
+from svc_sdk.errors import (
+    AccessError,
+    ChannelClosedError,
+    MlsError,
+    SvcError,
+    TransportError,
+)
 from svc_sdk.health import ChannelHealth
 from svc_sdk.message import Accept, Message, MessageIterator
 from svc_sdk.outbox import Outbox
@@ -411,7 +417,12 @@ class Channel:
                 and time.monotonic() < deadline
             ):
                 # A commit that did not remove this agent ended the proposal's epoch.
-                proposed = self._commits.propose(self._leave_proposal)
+                try:
+                    proposed = self._commits.propose(self._leave_proposal)
+                except TransportError as exc:
+                    # As with no member online: tried again while time is left, then the
+                    # local state goes.
+                    log.warning("channel %s: proposing to leave again failed: %s", self.name, exc)
         if self._closed is None:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
 
