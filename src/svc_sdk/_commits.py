@@ -64,25 +64,31 @@ class Commits:
         finally:
             channel._admissions.after_commit()
 
-    def propose(self, make: Callable[[], bytes]) -> int:
+    def propose(self, make: Callable[[], bytes], deadline: float | None = None) -> int:
         """Makes a proposal with ``make`` (called with the channel's lock held, no commit
         under way) and publishes it; returns the epoch it was made in. When another
         member's commit took that epoch first (the relay refuses the proposal as stale),
-        catches up and makes it again."""
+        catches up and makes it again, until ``deadline`` (``time.monotonic()``) if given.
+        The channel's lock is not held while the relay answers; the commit mutex is."""
         channel = self._channel
         for _ in range(COMMIT_ATTEMPTS):
+            timeout = channel._client.timeout
+            if deadline is not None:
+                timeout = min(timeout, deadline - time.monotonic())
+                if timeout <= 0:
+                    break
             try:
                 # mls-rs makes no proposal while a commit of this agent is pending.
-                with self._one_at_a_time, channel._lock:
-                    channel._check_open()
-                    channel._drain_available()
-                    channel._check_open()
-                    epoch = channel._group.epoch
-                    proposal = make()
+                with self._one_at_a_time:
+                    with channel._lock:
+                        channel._check_open()
+                        channel._drain_available()
+                        channel._check_open()
+                        epoch = channel._group.epoch
+                        proposal = make()
                     try:
                         channel._client.link.request(
-                            Publish(channel=channel.name, message=[proposal]),
-                            timeout=channel._client.timeout,
+                            Publish(channel=channel.name, message=[proposal]), timeout=timeout
                         )
                     except RelayError as exc:
                         if exc.code != STALE:

@@ -403,28 +403,39 @@ class Channel:
 
         A proposal is valid in its epoch only: when another member's commit takes that
         epoch first (the relay refuses the proposal as stale, or the commit leaves it
-        out), the proposal is made again in the new epoch, until ``timeout``."""
+        out), the proposal is made again in the new epoch, until ``timeout``. Removed by
+        another member meanwhile, this agent is out as asked: leave() returns."""
+        self._check_open()
         deadline = time.monotonic() + timeout
-        proposed = self._commits.propose(self._leave_proposal)
+        try:
+            proposed = self._commits.propose(self._leave_proposal)
+        except ChannelClosedError:
+            if self._forgotten():
+                return  # removed meanwhile: out of the channel, as asked
+            raise
         while self._closed is None and time.monotonic() < deadline:
             with self._cond:
                 if not self._raw:
                     self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             self._deliveries.process_pending()
-            if (
-                self._closed is None
-                and self._group.epoch > proposed
-                and time.monotonic() < deadline
-            ):
+            if self._closed is None and self._group.epoch > proposed:
                 # A commit that did not remove this agent ended the proposal's epoch.
                 try:
-                    proposed = self._commits.propose(self._leave_proposal)
+                    proposed = self._commits.propose(self._leave_proposal, deadline)
                 except TransportError as exc:
                     # As with no member online: tried again while time is left, then the
                     # local state goes.
                     log.warning("channel %s: proposing to leave again failed: %s", self.name, exc)
+                except ChannelClosedError:
+                    if self._forgotten():
+                        return
+                    raise
         if self._closed is None:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
+
+    def _forgotten(self) -> bool:
+        """Whether the client forgot this channel (this agent was removed, or left)."""
+        return self._closed is not None and self._client._channels.get(self.name) is not self
 
     def _leave_proposal(self) -> bytes:
         """This agent's remove proposal (caller holds the lock, no commit under way)."""

@@ -38,6 +38,29 @@ def test_leave_proposes_again_when_a_commit_wins_its_epoch(
         assert chan_b.closed and cb.channels() == []
 
 
+def test_leave_returns_when_a_commit_removes_the_agent_first(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """a removes b while b's proposal is on its way: the relay refuses the proposal as
+    stale, b catches up and finds itself removed. That is what leaving asked for."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        conn = cb.link._conn
+        assert conn is not None
+        send, removed = conn.send, threading.Event()
+
+        def remove_first(request: Any) -> Any:
+            if isinstance(request, Publish) and not removed.is_set():
+                removed.set()
+                chan_a.remove_member(cb.agent_id)
+            return send(request)
+
+        conn.send = remove_first  # type: ignore[method-assign]
+        chan_b.leave(timeout=20)
+        assert removed.is_set() and chan_b.closed and cb.channels() == []
+        assert chan_a.members() == [ca.agent_id]
+
+
 def _proposal_left_out(
     stack: LocalStack, channel_name: str, ids: Any, *, relay_away_after: bool
 ) -> None:
