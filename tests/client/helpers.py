@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from svc_sdk import Channel, SvcClient
-from svc_sdk.relay_frames import Deliveries, Reply
+from svc_sdk.relay_frames import Commit, Deliveries, Publish, Reply
 from svc_sdk.relay_stream import StreamConnection
 from svc_sdk.testing import LocalStack
 
@@ -124,6 +124,37 @@ def hold_the_reply_to_the_next(conn: StreamConnection, kind: type) -> threading.
 
     conn._dispatch = holding_dispatch  # type: ignore[method-assign]
     return release
+
+
+def update_held_at_its_reply(
+    client: SvcClient, channel: Channel
+) -> tuple[threading.Event, threading.Thread]:
+    """Starts ``channel.update_keys()`` on a thread whose commit's Reply is held back
+    until the returned event is set; returns once the commit is pending."""
+    conn = client.link._conn
+    assert conn is not None
+    release = hold_the_reply_to_the_next(conn, Commit)
+    updating = threading.Thread(target=channel.update_keys)
+    updating.start()
+    wait_for(lambda: channel._group.has_pending_commit)
+    return release, updating
+
+
+def before_the_first_publish(client: SvcClient, action: Callable[[], object]) -> threading.Event:
+    """Runs ``action`` before ``client`` writes its next Publish (on the writing thread);
+    the returned event is set once it has run."""
+    conn = client.link._conn
+    assert conn is not None
+    send, done = conn.send, threading.Event()
+
+    def acting_first(request: Any) -> Any:
+        if isinstance(request, Publish) and not done.is_set():
+            done.set()
+            action()
+        return send(request)
+
+    conn.send = acting_first  # type: ignore[method-assign]
+    return done
 
 
 @contextlib.contextmanager

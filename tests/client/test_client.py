@@ -33,6 +33,7 @@ from .helpers import (
     lose_the_reply_to_the_next,
     pair,
     take,
+    update_held_at_its_reply,
     wait_for,
     withhold_deliveries,
 )
@@ -433,12 +434,7 @@ def test_leave_waits_for_a_commit_under_way(stack: LocalStack, channel_name: str
     waits for the commit another thread has under way, then leaves."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca, cb:
-        conn = cb.link._conn
-        assert conn is not None
-        release = hold_the_reply_to_the_next(conn, Commit)
-        updating = threading.Thread(target=chan_b.update_keys)
-        updating.start()
-        wait_for(lambda: chan_b._group.has_pending_commit)
+        release, updating = update_held_at_its_reply(cb, chan_b)
         threading.Timer(1.0, release.set).start()
         try:
             with listening(chan_a):
@@ -458,12 +454,7 @@ def test_a_proposal_read_while_a_commit_awaits_its_reply_is_committed(
     a's sends go on (mls-rs refuses them while a received proposal waits)."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca, cb:
-        conn = ca.link._conn
-        assert conn is not None
-        release = hold_the_reply_to_the_next(conn, Commit)
-        updating = threading.Thread(target=chan_a.update_keys)
-        updating.start()
-        wait_for(lambda: chan_a._group.has_pending_commit)
+        release, updating = update_held_at_its_reply(ca, chan_a)
         # A reader of a's channel applies the commit from its echo.
         wait_for(lambda: (chan_a._deliveries.process_pending(), chan_a.epoch == 2)[1])
         # b proposes in that epoch too (a proposal of the epoch before is refused as stale).

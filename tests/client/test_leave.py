@@ -9,7 +9,7 @@ from svc_sdk import TransportError
 from svc_sdk.relay_frames import Commit, Publish
 from svc_sdk.testing import LocalStack
 
-from .helpers import client, listening, pair, wait_for
+from .helpers import before_the_first_publish, client, listening, pair, wait_for
 
 
 def test_leave_proposes_again_when_a_commit_wins_its_epoch(
@@ -20,17 +20,8 @@ def test_leave_proposes_again_when_a_commit_wins_its_epoch(
     instead of failing the caller with the relay's refusal."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca, cb:
-        conn = cb.link._conn
-        assert conn is not None
-        send, committed = conn.send, threading.Event()
-
-        def commit_first(request: Any) -> Any:
-            if isinstance(request, Publish) and not committed.is_set():
-                committed.set()
-                chan_a.update_keys()  # takes the epoch b's proposal is for
-            return send(request)
-
-        conn.send = commit_first  # type: ignore[method-assign]
+        # a's commit takes the epoch b's proposal is for.
+        committed = before_the_first_publish(cb, chan_a.update_keys)
         with listening(chan_a):
             chan_b.leave(timeout=20)
             wait_for(lambda: chan_a.members() == [ca.agent_id])
@@ -45,17 +36,7 @@ def test_leave_returns_when_a_commit_removes_the_agent_first(
     stale, b catches up and finds itself removed. That is what leaving asked for."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca, cb:
-        conn = cb.link._conn
-        assert conn is not None
-        send, removed = conn.send, threading.Event()
-
-        def remove_first(request: Any) -> Any:
-            if isinstance(request, Publish) and not removed.is_set():
-                removed.set()
-                chan_a.remove_member(cb.agent_id)
-            return send(request)
-
-        conn.send = remove_first  # type: ignore[method-assign]
+        removed = before_the_first_publish(cb, lambda: chan_a.remove_member(cb.agent_id))
         chan_b.leave(timeout=20)
         assert removed.is_set() and chan_b.closed and cb.channels() == []
         assert chan_a.members() == [ca.agent_id]
