@@ -101,8 +101,8 @@ class Commits:
                 channel._admissions.after_commit()
             self.catch_up(current)
         raise TransportError(
-            f"channel {channel.name!r}: the proposal kept losing its epoch to other "
-            "members' commits"
+            f"channel {channel.name!r}: the proposal got into no epoch in time; other "
+            "members' commits kept taking them first"
         )
 
     def _attempts(self, make: Callable[[], PendingCommit | None]) -> PendingCommit | None:
