@@ -167,6 +167,24 @@ if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], seq) end
 return {seq, current + 1}
 """
 
+# KEYS: meta, log, group. ARGV: sender, epoch, proposal, stored_at, notification channel,
+# group version, group state. A member's proposal is stored only while the epoch and the
+# tracked group's version are the ones it was validated against, with the group state
+# that holds it. Returns {seq, epoch}, {-1, epoch} for a past epoch, {-2, epoch} for a
+# group that moved on.
+PROPOSE = """
+local current = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+if current ~= tonumber(ARGV[2]) then return {-1, current} end
+local version = tonumber(redis.call('HGET', KEYS[3], 'v') or '0')
+if version ~= tonumber(ARGV[6]) then return {-2, current} end
+local seq = redis.call('HINCRBY', KEYS[1], 'head', 1)
+redis.call('HSET', KEYS[3], 'v', version + 1, 's', ARGV[7])
+redis.call('XADD', KEYS[2], seq .. '-1',
+  's', ARGV[1], 'h', '0', 'e', ARGV[2], 'm', ARGV[3], 't', ARGV[4])
+if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], seq) end
+return {seq, current}
+"""
+
 # KEYS: group. ARGV: state. A new channel's group, version 1, unless it has one.
 CREATE_GROUP = """
 if redis.call('HSETNX', KEYS[1], 'v', 1) == 0 then return 0 end
@@ -338,6 +356,7 @@ class RedisLogStore:
         self._followers: list[asyncio.Task[None]] = []
         self._append: Any = None
         self._commit: Any = None
+        self._propose: Any = None
         self._create_group: Any = None
         self._save_group: Any = None
         self._appends: asyncio.Queue[_Append] = asyncio.Queue()
@@ -369,6 +388,7 @@ class RedisLogStore:
         await self._redis.ping()
         self._append = self._redis.register_script(APPEND)
         self._commit = self._redis.register_script(COMMIT)
+        self._propose = self._redis.register_script(PROPOSE)
         self._create_group = self._redis.register_script(CREATE_GROUP)
         self._save_group = self._redis.register_script(SAVE_GROUP)
         last = await self._redis.xrevrange(WELCOME_STREAM, count=1)
@@ -551,6 +571,21 @@ class RedisLogStore:
                 await self._index(channel, int(seq), int(epoch), recipients.decode().split(","))
                 done += 1
         return done
+
+    async def propose(
+        self, channel: str, sender: bytes, epoch: int, proposal: bytes, group: tuple[int, bytes]
+    ) -> Entry:
+        now = time.time()
+        version, state = group
+        seq, current = await self._propose(
+            keys=[_meta(channel), _log(channel), _group(channel)],
+            args=[sender, epoch, proposal, repr(now), self._notification(channel), version, state],
+        )
+        if int(seq) == -1:
+            raise StaleMessages(int(current))
+        if int(seq) < 0:
+            raise GroupConflict(channel)
+        return Entry(channel, int(seq), sender, False, epoch, proposal, now)
 
     async def create_group(self, channel: str, state: bytes) -> bool:
         return bool(await self._create_group(keys=[_group(channel)], args=[state]))

@@ -16,7 +16,16 @@ from svc_sdk.protocol import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
 from ..services.channels import Event
-from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
+from .groups import (
+    Invalid,
+    LeavesLeftOut,
+    PolicyBreach,
+    Stale,
+    Validated,
+    events,
+    roster,
+    split,
+)
 from .hub import Outbox, Subscription, welcome_frame
 from .store import CommitRejected, CursorExpired, Entry, GroupConflict, StaleMessages
 
@@ -233,7 +242,7 @@ class StreamSession:
         channel's lock); RequestError saying why not."""
         try:
             return await self.relay.groups.validate(channel, message, epoch)
-        except Stale as exc:
+        except (Stale, LeavesLeftOut) as exc:
             raise RequestError(STALE, str(exc), epoch=exc.current_epoch) from None
         except Invalid as exc:
             policy = isinstance(exc, PolicyBreach)
@@ -268,8 +277,12 @@ class StreamSession:
             if content == "proposal":
                 if count != 1:
                     raise RequestError(INVALID, "a proposal travels alone in its Publish")
-                await self._propose(req.channel, message, epoch or 0)
-            elif wire != "private_message" or content != "application":
+                entry = await self._propose(req.channel, message, epoch or 0)
+                self.relay.metrics.messages.labels("proposal").inc()
+                self.relay.metrics.bytes.inc(len(message))
+                self.reply(request_id, seq=entry.seq)
+                return
+            if wire != "private_message" or content != "application":
                 raise RequestError(
                     INVALID,
                     "Publish takes application messages (PrivateMessages) and proposals; "
@@ -290,18 +303,22 @@ class StreamSession:
         else:
             self.spawn(self._reply_when_stored(request_id, stored))
 
-    async def _propose(self, channel: str, proposal: bytes, epoch: int) -> None:
-        """A member's proposal to leave: validated and kept in the tracked group, so the
-        commit that includes it validates too."""
+    async def _propose(self, channel: str, proposal: bytes, epoch: int) -> Entry:
+        """A member's proposal to leave: validated, then stored in the log together with
+        the tracked group that holds it, so that the epoch's commit must carry it."""
         groups = self.relay.groups
         async with groups.lock(channel):
             v = await self._validated(channel, proposal, epoch)
             try:
-                await self.relay.store.save_group(channel, v.version, v.snapshot)
-            except GroupConflict as exc:
+                entry = await self.relay.store.propose(
+                    channel, self.member, epoch, proposal, (v.version, v.snapshot)
+                )
+            except (GroupConflict, StaleMessages) as exc:
                 groups.evict(channel)
-                raise RequestError(STALE, str(exc), epoch=epoch) from None
+                current = exc.current_epoch if isinstance(exc, StaleMessages) else epoch
+                raise RequestError(STALE, str(exc), epoch=current) from None
             groups.accepted(channel, v)
+        return entry
 
     async def _reply_when_stored(
         self, request_id: int, stored: asyncio.Future[list[Entry]]

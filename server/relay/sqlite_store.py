@@ -645,6 +645,30 @@ class SqliteLogStore:
         result: Entry = await self._write(op, len(commit) + len(welcome) + len(state))
         return result
 
+    async def propose(
+        self, channel: str, sender: bytes, epoch: int, proposal: bytes, group: tuple[int, bytes]
+    ) -> Entry:
+        version, state = group
+
+        def op(conn: sqlite3.Connection) -> tuple[Entry, list[Entry], list[WelcomeEntry]]:
+            head, current = self._channel_row(conn, channel)
+            if epoch != current:
+                raise StaleMessages(current)
+            moved = conn.execute(
+                "UPDATE groups SET version = version + 1, state = ? "
+                "WHERE channel = ? AND version = ?",
+                (state, channel, version),
+            )
+            if moved.rowcount != 1:
+                raise GroupConflict(channel)
+            entry = Entry(channel, head + 1, sender, False, epoch, proposal, time.time())
+            self._insert(conn, entry)
+            conn.execute("UPDATE channels SET head_seq = ? WHERE name = ?", (entry.seq, channel))
+            return entry, [entry], []
+
+        result: Entry = await self._write(op, len(proposal) + len(state))
+        return result
+
     async def create_group(self, channel: str, state: bytes) -> bool:
         def op(conn: sqlite3.Connection) -> tuple[bool, list[Entry], list[WelcomeEntry]]:
             self._channel_row(conn, channel)

@@ -131,6 +131,16 @@ class LogStore(Protocol):
         CommitRejected. ``group[1]`` becomes version ``group[0] + 1``."""
         ...
 
+    async def propose(
+        self, channel: str, sender: bytes, epoch: int, proposal: bytes, group: tuple[int, bytes]
+    ) -> Entry:
+        """Appends a member's proposal and stores the group state that holds it, as one
+        step: only while ``epoch`` is current (else StaleMessages) and the stored group is
+        still at version ``group[0]`` (else GroupConflict). The tracked group then never
+        holds a proposal that is not in the log, where the members find it: a commit of
+        the epoch must carry every pending leave proposal (groups.py)."""
+        ...
+
     async def create_group(self, channel: str, state: bytes) -> bool:
         """Stores a new channel's tracked group as version 1; False if it has one."""
         ...

@@ -22,6 +22,7 @@ from svc_server.relay.store import (
     MAX_PENDING_WELCOMES,
     CursorExpired,
     Entry,
+    GroupConflict,
     LogStore,
     StaleMessages,
 )
@@ -73,6 +74,33 @@ async def _commit(
         joiners,
         (version, f"group-{epoch + 1}".encode()),
     )
+
+
+async def test_a_proposal_is_stored_with_its_group_state_or_not_at_all(store: LogStore) -> None:
+    await _commit(store, 0, b"", [])  # epoch 1, group version 2
+    version = await store.group_version("a/b/c")
+    head, epoch = await store.head("a/b/c")
+    assert epoch == 1
+    with pytest.raises(StaleMessages) as stale:
+        await store.propose("a/b/c", b"leaver", 0, b"past", (version, b"group-x"))
+    assert stale.value.current_epoch == 1
+    with pytest.raises(GroupConflict):
+        await store.propose("a/b/c", b"leaver", 1, b"moved", (version - 1, b"group-x"))
+    assert await store.head("a/b/c") == (head, 1)
+    assert await store.group("a/b/c") == (version, b"group-1")
+    assert await store.read("a/b/c", head, 10) == []
+
+    entry = await store.propose("a/b/c", b"leaver", 1, b"leave", (version, b"group-1p"))
+    assert (entry.seq, entry.epoch, entry.handshake, entry.message) == (
+        head + 1,
+        1,
+        False,
+        b"leave",
+    )
+    assert await store.group("a/b/c") == (version + 1, b"group-1p")
+    assert await store.head("a/b/c") == (head + 1, 1), "a proposal moves no epoch"
+    stored = await store.read("a/b/c", head, 10)
+    assert [(e.seq, e.sender, e.message) for e in stored] == [(head + 1, b"leaver", b"leave")]
 
 
 async def test_a_welcome_for_many_joiners_is_stored_once(store: LogStore, backend: str) -> None:
