@@ -192,14 +192,6 @@ redis.call('HSET', KEYS[1], 's', ARGV[1])
 return 1
 """
 
-# KEYS: group. ARGV: expected version, state.
-SAVE_GROUP = """
-local version = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
-if version ~= tonumber(ARGV[1]) then return 0 end
-redis.call('HSET', KEYS[1], 'v', version + 1, 's', ARGV[2])
-return 1
-"""
-
 
 def _key(channel: str, kind: str) -> str:
     """A key of ``channel``'s: the channel is the hash tag, so all of them share one
@@ -358,7 +350,6 @@ class RedisLogStore:
         self._commit: Any = None
         self._propose: Any = None
         self._create_group: Any = None
-        self._save_group: Any = None
         self._appends: asyncio.Queue[_Append] = asyncio.Queue()
         self._appender: asyncio.Task[None] | None = None
 
@@ -390,7 +381,6 @@ class RedisLogStore:
         self._commit = self._redis.register_script(COMMIT)
         self._propose = self._redis.register_script(PROPOSE)
         self._create_group = self._redis.register_script(CREATE_GROUP)
-        self._save_group = self._redis.register_script(SAVE_GROUP)
         last = await self._redis.xrevrange(WELCOME_STREAM, count=1)
         self._welcomes_from = last[0][0] if last else b"0-0"
         await self._reindex(time.time() - REINDEX_AFTER)
@@ -589,10 +579,6 @@ class RedisLogStore:
 
     async def create_group(self, channel: str, state: bytes) -> bool:
         return bool(await self._create_group(keys=[_group(channel)], args=[state]))
-
-    async def save_group(self, channel: str, version: int, state: bytes) -> None:
-        if not await self._save_group(keys=[_group(channel)], args=[version, state]):
-            raise GroupConflict(channel)
 
     async def group_version(self, channel: str) -> int:
         return int(await self.redis.hget(_group(channel), "v") or 0)

@@ -612,12 +612,7 @@ class SqliteLogStore:
 
         def op(conn: sqlite3.Connection) -> tuple[Entry, list[Entry], list[WelcomeEntry]]:
             head, current = self._channel_row(conn, channel)
-            moved = conn.execute(
-                "UPDATE groups SET version = version + 1, state = ? "
-                "WHERE channel = ? AND version = ?",
-                (state, channel, version),
-            )
-            if epoch != current or moved.rowcount != 1:
+            if epoch != current or not self._advance_group(conn, channel, version, state):
                 raise CommitRejected(current)
             now = time.time()
             entry = Entry(channel, head + 1, sender, True, epoch, commit, now)
@@ -654,12 +649,7 @@ class SqliteLogStore:
             head, current = self._channel_row(conn, channel)
             if epoch != current:
                 raise StaleMessages(current)
-            moved = conn.execute(
-                "UPDATE groups SET version = version + 1, state = ? "
-                "WHERE channel = ? AND version = ?",
-                (state, channel, version),
-            )
-            if moved.rowcount != 1:
+            if not self._advance_group(conn, channel, version, state):
                 raise GroupConflict(channel)
             entry = Entry(channel, head + 1, sender, False, epoch, proposal, time.time())
             self._insert(conn, entry)
@@ -680,18 +670,15 @@ class SqliteLogStore:
         result: bool = await self._write(op, len(state))
         return result
 
-    async def save_group(self, channel: str, version: int, state: bytes) -> None:
-        def op(conn: sqlite3.Connection) -> tuple[None, list[Entry], list[WelcomeEntry]]:
-            moved = conn.execute(
-                "UPDATE groups SET version = version + 1, state = ? "
-                "WHERE channel = ? AND version = ?",
-                (state, channel, version),
-            )
-            if moved.rowcount != 1:
-                raise GroupConflict(channel)
-            return None, [], []
-
-        await self._write(op, len(state))
+    @staticmethod
+    def _advance_group(conn: sqlite3.Connection, channel: str, version: int, state: bytes) -> bool:
+        """Stores ``state`` as the version after ``version``, if that is still the stored
+        one."""
+        moved = conn.execute(
+            "UPDATE groups SET version = version + 1, state = ? WHERE channel = ? AND version = ?",
+            (state, channel, version),
+        )
+        return moved.rowcount == 1
 
     @staticmethod
     def _insert(conn: sqlite3.Connection, e: Entry) -> None:

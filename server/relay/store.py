@@ -145,10 +145,6 @@ class LogStore(Protocol):
         """Stores a new channel's tracked group as version 1; False if it has one."""
         ...
 
-    async def save_group(self, channel: str, version: int, state: bytes) -> None:
-        """Replaces the group state at ``version`` (GroupConflict if it moved on)."""
-        ...
-
     async def group_version(self, channel: str) -> int:
         """The stored group's version; 0 if the channel has none."""
         ...
