@@ -97,3 +97,22 @@ async def test_a_removal_by_an_admin_covers_a_pending_leave(
     assert reply.epoch == epoch + 1
     assert carol.member_id not in alice.group.members()
     await close(alice, bob, carol)
+
+
+async def test_a_proposal_published_twice_is_carried_once(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """A client resends a Publish whose Reply a lost connection took: the relay may then
+    hold the same proposal twice. Members read both, and one commit carries it."""
+    alice, bob, carol = await trio(stack, account, tmp_path)
+    assert bob.group is not None and carol.group is not None
+    epoch = bob.group.epoch
+    proposal = carol.group.propose_leave()
+    for _ in range(2):
+        await carol.conn.request(pb.Publish(channel=CHANNEL, message=[proposal]))
+    await bob.next()
+    await bob.next()
+    reply = await bob.commit(CHANNEL, bob.group.self_update())
+    assert reply.epoch == epoch + 1
+    assert carol.member_id not in bob.group.members()
+    await close(alice, bob, carol)
