@@ -155,12 +155,7 @@ class Commits:
                         channel._group.clear_pending_commit()
                 if exc.code != STALE:
                     raise relay_error(exc, channel.name) from None
-                if exc.reply.epoch > channel._group.epoch:
-                    self.catch_up(exc.reply.epoch)
-                else:
-                    # The epoch holds what the commit lacks: a member's proposal to leave,
-                    # which every commit of the epoch must carry. Read it, then build again.
-                    self._read_to_head()
+                self.catch_up(exc.reply.epoch)
                 continue
             except TransportError:
                 # Unknown outcome: the log says (our own commits are echoed).
@@ -202,22 +197,17 @@ class Commits:
                 channel._drain_available()
                 channel._check_open()
 
-    def _read_to_head(self) -> None:
-        """Waits until this agent has received everything the relay stored in the channel
-        so far (the channel's lock not held)."""
-        channel = self._channel
-        reply = channel._relay(CreateChannel(channel=channel.name))  # head_seq
-        channel._client.link.wait_received(channel.name, reply.head_seq, channel._client.timeout)
-
     def settle(self) -> bool:
         """A pending commit whose outcome is unknown: read the log up to the relay's head.
         Our echoed commit applies it (True); another member's clears it. If neither came,
         it was never stored: drop it (False) so the caller builds a new one."""
         channel = self._channel
+        link = channel._client.link
         with channel._lock:
             decided = not channel._group.has_pending_commit  # a reader got there first
         if not decided:
-            self._read_to_head()
+            reply = channel._relay(CreateChannel(channel=channel.name))  # head_seq
+            link.wait_received(channel.name, reply.head_seq, channel._client.timeout)
         with channel._lock:
             channel._drain_available()
             if channel._group.has_pending_commit:

@@ -29,6 +29,7 @@ from svc_sdk.errors import (
     ChannelClosedError,
     MlsError,
     SvcError,
+    TransportError,
 )
 from svc_sdk.health import ChannelHealth
 from svc_sdk.message import Accept, Message, MessageIterator
@@ -401,14 +402,13 @@ class Channel:
         its keys. If no member is online, the local state is deleted anyway.
 
         A proposal is valid in its epoch only: when another member's commit takes that
-        epoch first (the relay refuses the proposal as stale), the proposal is made again
-        in the new epoch. Once the relay has it, the epoch's commit must carry it (the
-        relay refuses any that does not). Removed by another member meanwhile, this agent
-        is out as asked: leave() returns."""
+        epoch first (the relay refuses the proposal as stale, or the commit leaves it
+        out), the proposal is made again in the new epoch, until ``timeout``. Removed by
+        another member meanwhile, this agent is out as asked: leave() returns."""
         self._check_open()
         deadline = time.monotonic() + timeout
         try:
-            self._commits.propose(self._leave_proposal)
+            proposed = self._commits.propose(self._leave_proposal)
         except ChannelClosedError:
             if self._forgotten():
                 return  # removed meanwhile: out of the channel, as asked
@@ -418,6 +418,18 @@ class Channel:
                 if not self._raw:
                     self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
             self._deliveries.process_pending()
+            if self._closed is None and self._group.epoch > proposed:
+                # A commit that did not remove this agent ended the proposal's epoch.
+                try:
+                    proposed = self._commits.propose(self._leave_proposal, deadline)
+                except TransportError as exc:
+                    # As with no member online: tried again while time is left, then the
+                    # local state goes.
+                    log.warning("channel %s: proposing to leave again failed: %s", self.name, exc)
+                except ChannelClosedError:
+                    if self._forgotten():
+                        return
+                    raise
         if self._closed is None:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
 
