@@ -155,11 +155,6 @@ impl PyTrackedGroup {
         PyTrackedGroup::from(self.lock().clone())
     }
 
-    /// Member ids of the members whose proposal to leave this group holds for its epoch.
-    fn pending_leaves<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
-        self.lock().pending_leaves().iter().map(|id| bytes(py, id)).collect()
-    }
-
     /// Validates a commit or a leave proposal and applies it; raises MlsError, changing
     /// nothing, if it does not validate.
     fn process(&self, py: Python<'_>, message: &[u8]) -> PyResult<PyObserved> {

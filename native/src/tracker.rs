@@ -171,23 +171,6 @@ impl TrackedGroup {
             .map_err(|e| EngineError::mls("group snapshot", e))
     }
 
-    /// The members whose proposal to leave (a remove proposal of their own) this group
-    /// holds for its current epoch, in no particular order. The relay requires a commit
-    /// of the epoch to carry each one the policy allows, so that no member can keep
-    /// another in the group by committing without it.
-    pub fn pending_leaves(&self) -> Vec<Vec<u8>> {
-        self.group
-            .get_cached_proposals()
-            .iter()
-            .filter_map(|cached| match (cached.sender(), cached.proposal()) {
-                (Sender::Member(index), Proposal::Remove(rm)) if rm.to_remove() == *index => {
-                    Some(self.member_at(*index))
-                }
-                _ => None,
-            })
-            .collect()
-    }
-
     fn member_at(&self, index: u32) -> Vec<u8> {
         self.group
             .roster()

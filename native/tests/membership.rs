@@ -180,9 +180,7 @@ fn a_leaving_admin_takes_its_role_along() {
     deliver(&promote.commit, &mut tracked, &[&g[1], &g[2]]);
 
     let leave = g[1].propose_leave().unwrap();
-    assert!(tracked.pending_leaves().is_empty());
     assert!(matches!(tracked.process(&leave).unwrap(), Observed::Leave { member } if member == mid("bob")));
-    assert_eq!(tracked.pending_leaves(), vec![mid("bob")]);
     for m in [&g[0], &g[2]] {
         assert!(matches!(m.process(&leave).unwrap(), Received::Proposal { .. }));
     }
@@ -193,7 +191,6 @@ fn a_leaving_admin_takes_its_role_along() {
         panic!("expected a commit");
     };
     assert_eq!((event.left, event.removed), (vec![mid("bob")], vec![]));
-    assert!(tracked.pending_leaves().is_empty(), "a new epoch holds no proposal");
     assert!(event.roles_changed);
     assert_eq!(tracked.roles(), RolesExt::new(mid("alice")));
     assert_eq!(g[0].roles().unwrap(), RolesExt::new(mid("alice")));

@@ -19,15 +19,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from svc_sdk.protocol import (
-    AgentId,
-    GroupTracker,
-    MlsError,
-    Observed,
-    PolicyError,
-    Roles,
-    TrackedGroup,
-)
+from svc_sdk.protocol import GroupTracker, MlsError, Observed, PolicyError, Roles, TrackedGroup
 
 from ..auth.key_packages import CredentialKeys, KeyPackageError
 from ..services.channels import Event, Member
@@ -47,20 +39,6 @@ class Stale(Exception):
 
     def __init__(self, current_epoch: int) -> None:
         super().__init__(f"message is for a stale epoch; the channel is at epoch {current_epoch}")
-        self.current_epoch = current_epoch
-
-
-class LeavesLeftOut(Exception):
-    """A commit without a leave proposal that the relay accepted in its epoch: its
-    committer has not received the proposal yet (it reads on and commits again), or
-    keeps the leaving member in on purpose, which no member may do."""
-
-    def __init__(self, current_epoch: int, members: list[bytes]) -> None:
-        who = ", ".join(str(AgentId.from_member_id(m)) for m in members)
-        super().__init__(
-            f"the commit leaves out the proposal of {who} to leave, which epoch "
-            f"{current_epoch} holds; read the channel's messages and commit again"
-        )
         self.current_epoch = current_epoch
 
 
@@ -225,8 +203,6 @@ class Groups:
         after = found.group.copy()
         observed = await self._with_anchors(after.process, message)
         assert isinstance(observed, Observed)
-        if observed.kind == "commit":
-            _check_leaves(found.group, observed)
         used = found.used
         if observed.added:
             # By init key, not KeyPackageRef: a copy of a key package whose signature is
@@ -299,19 +275,6 @@ def unpack(stored: bytes) -> tuple[bytes, frozenset[bytes]]:
         used.add(stored[at : at + size])
         at += size
     return stored[at:], frozenset(used)
-
-
-def _check_leaves(before: TrackedGroup, commit: Observed) -> None:
-    """A member's proposal to leave, once the relay accepted it, is carried by the
-    epoch's commit: otherwise any member could keep another in the channel (and its
-    account in the roster) by committing without it, epoch after epoch. The owner's is
-    exempt: the policy never lets the owner leave a channel with other members, so no
-    commit could carry it."""
-    roles = before.roles()
-    out = set(commit.left) | set(commit.removed)
-    missing = [m for m in before.pending_leaves() if m not in out and roles.role(m) != "owner"]
-    if missing:
-        raise LeavesLeftOut(before.epoch, sorted(missing))
 
 
 def _invalid(exc: MlsError) -> Invalid:

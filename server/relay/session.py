@@ -16,16 +16,7 @@ from svc_sdk.protocol import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
 from ..services.channels import Event
-from .groups import (
-    Invalid,
-    LeavesLeftOut,
-    PolicyBreach,
-    Stale,
-    Validated,
-    events,
-    roster,
-    split,
-)
+from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
 from .store import CommitRejected, CursorExpired, Entry, GroupConflict, StaleMessages
 
@@ -242,7 +233,7 @@ class StreamSession:
         channel's lock); RequestError saying why not."""
         try:
             return await self.relay.groups.validate(channel, message, epoch)
-        except (Stale, LeavesLeftOut) as exc:
+        except Stale as exc:
             raise RequestError(STALE, str(exc), epoch=exc.current_epoch) from None
         except Invalid as exc:
             policy = isinstance(exc, PolicyBreach)
@@ -305,7 +296,8 @@ class StreamSession:
 
     async def _propose(self, channel: str, proposal: bytes, epoch: int) -> Entry:
         """A member's proposal to leave: validated, then stored in the log together with
-        the tracked group that holds it, so that the epoch's commit must carry it."""
+        the tracked group that holds it, so that the commit carrying it validates too and
+        the tracked group never holds a proposal the members cannot read."""
         groups = self.relay.groups
         async with groups.lock(channel):
             v = await self._validated(channel, proposal, epoch)

@@ -137,8 +137,7 @@ class LogStore(Protocol):
         """Appends a member's proposal and stores the group state that holds it, as one
         step: only while ``epoch`` is current (else StaleMessages) and the stored group is
         still at version ``group[0]`` (else GroupConflict). The tracked group then never
-        holds a proposal that is not in the log, where the members find it: a commit of
-        the epoch must carry every pending leave proposal (groups.py)."""
+        holds a proposal that is not in the log, where the members find it."""
         ...
 
     async def create_group(self, channel: str, state: bytes) -> bool:
