@@ -6,7 +6,9 @@
 //! epoch hold, the update path is well formed, added and updated leaves carry valid agent
 //! credentials ([`SvcIdentityProvider`], checked at the relay's clock), and the channel's
 //! roles policy ([`SvcRules`]) allows it. A handshake that fails any of these is never
-//! stored, so one member cannot wedge a channel for the others.
+//! stored. Without the group's secrets it cannot check a handshake's membership tag: a
+//! commit whose tag a member spoiled passes here and is refused by every member
+//! (docs/security.md, "A commit members cannot process").
 
 use mls_rs::external_client::builder::{ExternalBaseConfig, WithCryptoProvider, WithIdentityProvider, WithMlsRules};
 use mls_rs::external_client::{ExternalClient, ExternalGroup, ExternalReceivedMessage, ExternalSnapshot};

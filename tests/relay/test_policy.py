@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.mls import Engine, Group, PolicyError, inspect
+from svc_sdk.mls import Engine, Group, MlsError, PolicyError, inspect
 from svc_sdk.testing import certify_with_api
 from svc_server.db.session import transaction
 from svc_server.relay.groups import pack, unpack
@@ -526,3 +526,30 @@ async def test_a_used_key_package_under_another_signature_encoding_is_refused(
     assert reply.code == INVALID, reply
     assert "used in this channel before" in reply.message, reply.message
     await close(alice, bob)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="the relay follows groups from outside and cannot check membership tags "
+    "(docs/security.md, 'A commit members cannot process')",
+)
+async def test_a_commit_whose_membership_tag_is_wrong_is_refused(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """The membership tag is a MAC under a key only members hold, outside the signature:
+    a member can sign a valid commit and spoil its tag. Every member refuses such a
+    commit; a relay that stores it has moved the channel to an epoch nobody can enter."""
+    alice, bob = await pair(stack, account, tmp_path)
+    assert alice.group and bob.group
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    pending = bob.group.self_update()
+    spoiled = bytearray(pending.commit)
+    spoiled[-1] ^= 1  # the last byte of a member's PublicMessage is its membership tag
+    bob.group.clear_pending_commit()
+    with pytest.raises(MlsError, match="membership tag"):
+        await asyncio.to_thread(alice.group.process, bytes(spoiled))
+    frame = pb.Commit(channel=CHANNEL, epoch=pending.epoch, commit=bytes(spoiled))
+    reply = await bob.conn.request(frame, check=False)
+    assert reply.code == INVALID, reply
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
