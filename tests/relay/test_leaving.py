@@ -4,8 +4,11 @@ Redis log."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
@@ -13,9 +16,10 @@ from svc_server.stack import Stack
 
 from .conftest import Account
 from .helpers import Member
-from .test_relay import CHANNEL, close, member, pair
+from .test_relay import CHANNEL, INVALID, STALE, close, member, pair
 
 pytestmark = pytest.mark.anyio
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 async def trio(stack: Stack, account: Account, root: Path) -> tuple[Member, Member, Member]:
@@ -85,5 +89,61 @@ async def test_a_proposal_published_twice_is_carried_once(
     await bob.next()
     reply = await bob.commit(CHANNEL, bob.group.self_update())
     assert reply.epoch == epoch + 1
+    assert carol.member_id not in bob.group.members()
+    await close(alice, bob, carol)
+
+
+async def test_a_forged_or_past_proposal_is_refused_and_nothing_is_stored(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    alice, bob, carol = await trio(stack, account, tmp_path)
+    assert alice.group is not None and carol.group is not None
+    epoch = alice.group.epoch
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    proposal = carol.group.propose_leave()
+    forged = bytearray(proposal)
+    forged[-34] ^= 1  # the signature's last byte (a 32-byte membership tag follows it)
+    reply = await carol.conn.request(
+        pb.Publish(channel=CHANNEL, message=[bytes(forged)]), check=False
+    )
+    assert reply.code == INVALID, reply
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
+
+    # alice's commit ends the epoch the genuine proposal was made in.
+    await alice.commit(CHANNEL, alice.group.self_update())
+    reply = await carol.conn.request(pb.Publish(channel=CHANNEL, message=[proposal]), check=False)
+    assert (reply.code, reply.epoch) == (STALE, epoch + 1), reply
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head + 1
+    await close(alice, bob, carol)
+
+
+async def test_a_proposal_the_log_cannot_store_leaves_the_group_as_it_was(
+    stack: Stack, account: Account, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store fails: the proposal is refused (the leaver may retry), and neither the
+    log nor the relay's tracked group holds it."""
+    alice, bob, carol = await trio(stack, account, tmp_path)
+    assert bob.group is not None and carol.group is not None
+    relay = stack.relay.relay
+    version = await relay.store.group_version(CHANNEL)
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    propose = relay.store.propose
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(relay.store, "propose", failing)
+    proposal = carol.group.propose_leave()
+    reply = await carol.conn.request(pb.Publish(channel=CHANNEL, message=[proposal]), check=False)
+    assert reply.code == UNAVAILABLE, reply
+    assert await relay.store.group_version(CHANNEL) == version
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
+
+    # Storage works again: the same proposal goes in and a member commits it.
+    monkeypatch.setattr(relay.store, "propose", propose)
+    await carol.conn.request(pb.Publish(channel=CHANNEL, message=[proposal]))
+    assert await relay.store.group_version(CHANNEL) == version + 1
+    await bob.next()
+    await bob.commit(CHANNEL, bob.group.self_update())
     assert carol.member_id not in bob.group.members()
     await close(alice, bob, carol)
