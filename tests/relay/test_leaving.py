@@ -32,6 +32,11 @@ async def trio(stack: Stack, account: Account, root: Path) -> tuple[Member, Memb
     return alice, bob, carol
 
 
+async def head_seq(reader: Member) -> int:
+    """The channel's newest seq, as the relay has it."""
+    return (await reader.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+
+
 async def propose_leave(leaver: Member) -> int:
     """Publishes ``leaver``'s proposal to leave; returns its seq."""
     assert leaver.group is not None
@@ -99,7 +104,7 @@ async def test_a_forged_or_past_proposal_is_refused_and_nothing_is_stored(
     alice, bob, carol = await trio(stack, account, tmp_path)
     assert alice.group is not None and carol.group is not None
     epoch = alice.group.epoch
-    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    head = await head_seq(alice)
     proposal = carol.group.propose_leave()
     forged = bytearray(proposal)
     forged[-34] ^= 1  # the signature's last byte (a 32-byte membership tag follows it)
@@ -107,13 +112,13 @@ async def test_a_forged_or_past_proposal_is_refused_and_nothing_is_stored(
         pb.Publish(channel=CHANNEL, message=[bytes(forged)]), check=False
     )
     assert reply.code == INVALID, reply
-    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    assert await head_seq(alice) == head
 
     # alice's commit ends the epoch the genuine proposal was made in.
     await alice.commit(CHANNEL, alice.group.self_update())
     reply = await carol.conn.request(pb.Publish(channel=CHANNEL, message=[proposal]), check=False)
     assert (reply.code, reply.epoch) == (STALE, epoch + 1), reply
-    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head + 1
+    assert await head_seq(alice) == head + 1
     await close(alice, bob, carol)
 
 
@@ -126,7 +131,7 @@ async def test_a_proposal_the_log_cannot_store_leaves_the_group_as_it_was(
     assert bob.group is not None and carol.group is not None
     relay = stack.relay.relay
     version = await relay.store.group_version(CHANNEL)
-    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    head = await head_seq(alice)
     propose = relay.store.propose
 
     async def failing(*args: Any, **kwargs: Any) -> Any:
@@ -137,7 +142,7 @@ async def test_a_proposal_the_log_cannot_store_leaves_the_group_as_it_was(
     reply = await carol.conn.request(pb.Publish(channel=CHANNEL, message=[proposal]), check=False)
     assert reply.code == UNAVAILABLE, reply
     assert await relay.store.group_version(CHANNEL) == version
-    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    assert await head_seq(alice) == head
 
     # Storage works again: the same proposal goes in and a member commits it.
     monkeypatch.setattr(relay.store, "propose", propose)
