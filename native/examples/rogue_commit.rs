@@ -2,7 +2,7 @@
 //! an honest engine refuses to build, for the test suite to send to a running relay.
 //!
 //! ```text
-//! rogue_commit <data_dir> <identity> <group id> remove-owner|promote-self|add <key package file>
+//! rogue_commit <data_dir> <identity> <group id> remove-owner|promote-self|update|add <key package file>
 //! ```
 //! The data_dir must not be open in another process; nothing in it changes.
 
@@ -18,11 +18,16 @@ fn main() -> ExitCode {
     let attack = match (args.get(3).map(String::as_str), args.get(4)) {
         (Some("remove-owner"), None) => Attack::RemoveOwner,
         (Some("promote-self"), None) => Attack::PromoteSelf,
+        (Some("update"), None) => Attack::Update,
         (Some("add"), Some(file)) => match std::fs::read(file) {
             Ok(kp) => Attack::Add(kp),
             Err(e) => return fail(&format!("cannot read {file}: {e}")),
         },
-        _ => return fail("usage: rogue_commit <data_dir> <identity> <group id> remove-owner|promote-self|add <file>"),
+        _ => {
+            return fail(
+                "usage: rogue_commit <data_dir> <identity> <group id> remove-owner|promote-self|update|add <file>",
+            )
+        }
     };
     let engine = match Engine::open(&PathBuf::from(&args[0]), args[1].as_bytes(), None) {
         Ok(engine) => engine,

@@ -2,6 +2,9 @@
 //! engine refuses (remove the owner, promote itself, add a member as a plain member), so
 //! the test suite can check that a running relay and the other members refuse them.
 //!
+//! A plain member's commit of its own key update is among them: the policy keeps
+//! commits to the owner and admins.
+//!
 //! Only in builds with the `attacker` feature (the `rogue_commit` example the tests run);
 //! the extension that ships does not have it. It gives an attacker nothing new: any member
 //! can build mls-rs with permissive rules and sign such commits with its own key.
@@ -24,6 +27,9 @@ pub enum Attack {
     PromoteSelf,
     /// Adds the member of this key package.
     Add(Vec<u8>),
+    /// Updates its own keys: an empty commit with an update path, which only the owner
+    /// and admins may make.
+    Update,
 }
 
 impl Engine {
@@ -69,6 +75,7 @@ impl Engine {
         let promoted = with_roles(&group.context().extensions, RolesExt::new(member_id_of(&me.credential)));
         let builder = group.commit_builder();
         let builder = match attack {
+            Attack::Update => Ok(builder),
             Attack::RemoveOwner => builder.remove_member(owner),
             Attack::PromoteSelf => builder.set_group_context_ext(promoted),
             Attack::Add(key_package) => {

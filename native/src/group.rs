@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use mls_rs::group::proposal::Proposal;
-use mls_rs::group::{CommitEffect, CommitMessageDescription, ReceivedMessage};
+use mls_rs::group::{CommitEffect, CommitMessageDescription, ReceivedMessage, Sender};
 use mls_rs::{Group, WireFormat};
 
 use crate::engine::{Agent, Config, MlsClient};
@@ -36,6 +36,8 @@ pub struct CommitInfo {
     pub committer: Vec<u8>,
     pub added: Vec<Vec<u8>>,
     pub removed: Vec<Vec<u8>>,
+    /// Members whose update proposals the commit applied (their leaves have new keys).
+    pub updated: Vec<Vec<u8>>,
     /// This agent was removed; the group is gone from its store.
     pub self_removed: bool,
 }
@@ -110,6 +112,11 @@ fn commit_info(desc: &CommitMessageDescription, before: &[(u32, Vec<u8>)]) -> Co
             match &p.proposal {
                 Proposal::Add(add) => info.added.push(member_id_of(&add.signing_identity().credential)),
                 Proposal::Remove(rm) => info.removed.push(lookup(before, rm.to_remove())),
+                Proposal::Update(_) => {
+                    if let Sender::Member(index) = p.sender {
+                        info.updated.push(lookup(before, index));
+                    }
+                }
                 _ => {}
             }
         }
@@ -729,6 +736,29 @@ impl GroupHandle {
             let msg = g
                 .propose_remove(me, Vec::new())
                 .map_err(|e| EngineError::mls("leave proposal", e))?;
+            g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
+            msg.to_bytes().map_err(|e| EngineError::mls("encode", e))
+        })
+    }
+
+    /// A proposal to refresh this agent's leaf — fresh keys, and its current credential
+    /// when the leaf still carries an older one — for an admin to commit (a plain member
+    /// does not commit). mls-rs keeps the new private keys in the group state until a
+    /// commit applies the update or ends the epoch without it.
+    pub fn propose_update(&self) -> Result<Vec<u8>> {
+        let current = self.agent.usable()?;
+        self.mutate(|g| {
+            Self::ensure_no_pending(g)?;
+            let stale = g
+                .current_member_signing_identity()
+                .map_err(|e| EngineError::mls("own leaf", e))?
+                != &current;
+            let msg = if stale {
+                g.propose_update_with_identity(self.agent.secret_key.clone(), current, Vec::new())
+            } else {
+                g.propose_update(Vec::new())
+            }
+            .map_err(|e| EngineError::mls("update proposal", e))?;
             g.write_to_storage().map_err(|e| EngineError::mls("group storage", e))?;
             msg.to_bytes().map_err(|e| EngineError::mls("encode", e))
         })

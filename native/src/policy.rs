@@ -5,11 +5,15 @@
 //! members (and the relay's observer) check with the same rules, [`SvcRules`]:
 //!
 //! - the creator is the owner; admins are listed; everyone else is a member;
-//! - only the owner and admins add members, remove others, or change roles or the
-//!   policy; only the owner hands ownership over, and the owner is never removed, not
+//! - only the owner and admins commit. They add members, remove others, change roles or
+//!   the policy; only the owner hands ownership over, and the owner is never removed, not
 //!   even by leaving (hand it over first);
-//! - any member updates its own keys and leaves (a remove proposal of its own, which
-//!   any member may commit);
+//! - a plain member proposes: its own key update (an update proposal) and its leaving (a
+//!   remove proposal of its own), which an admin's commit carries. A commit carries
+//!   secrets that only members can check (its membership and confirmation tags, the path
+//!   secrets it encrypts to each member), so one that is spoiled passes the relay and
+//!   strands the members; keeping commits to the agents that hold authority over the
+//!   channel anyway means a plain member cannot strand anyone (docs/security.md);
 //! - a role held by an agent that leaves or is removed goes with it: the rules add the
 //!   roles change to that commit on every side alike (a local proposal, RFC 9420 leaves
 //!   such policy to the application), so a re-added agent starts as a plain member;
@@ -218,10 +222,10 @@ impl Checker<'_> {
         }
     }
 
-    /// The proposer and the committer both need to be admins for `what`.
+    /// The proposer needs to be an admin for `what` (the committer is one: [`check`]).
     fn admin_only<T>(&self, p: &ProposalInfo<T>, what: &str) -> Result<(), PolicyError> {
         let proposer = self.proposer(&p.sender)?;
-        if !self.roles.is_admin(&self.committer) || !self.roles.is_admin(&proposer) {
+        if !self.roles.is_admin(&proposer) {
             return deny(format!("only the owner and admins {what}"));
         }
         Ok(())
@@ -247,6 +251,9 @@ fn check(
         committer: member_id_of(&committer.signing_identity.credential),
         committer_index: committer.index,
     };
+    if !checker.roles.is_admin(&checker.committer) {
+        return deny("only the owner and admins commit; a member proposes its key updates and its leaving");
+    }
     // Building a commit, an invalid by-reference proposal is left out rather than
     // blocking every commit; receiving, anything invalid refuses the commit.
     let lenient = matches!(direction, CommitDirection::Send);
@@ -285,7 +292,7 @@ fn check_remove(c: &Checker, p: &ProposalInfo<mls_rs::group::proposal::RemovePro
         return deny("the owner cannot be removed, nor leave; hand ownership over first");
     }
     if p.sender == Sender::Member(target_index) {
-        return Ok(()); // leaving: anyone may commit a member's own remove proposal
+        return Ok(()); // leaving: a member's own remove proposal, which an admin commits
     }
     c.admin_only(p, "remove other members")
 }

@@ -373,6 +373,12 @@ impl PyGroup {
         Ok(bytes(py, &msg))
     }
 
+    /// A proposal (to publish) refreshing this member's leaf, for an admin to commit.
+    fn propose_update<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let msg = py.allow_threads(|| self.inner.propose_update()).map_err(to_py)?;
+        Ok(bytes(py, &msg))
+    }
+
     /// A pending commit that refreshes this member's keys (an update path).
     fn self_update(&self, py: Python<'_>) -> PyResult<PyPendingCommit> {
         py.allow_threads(|| self.inner.self_update())
@@ -545,6 +551,14 @@ impl PyReceived {
     fn removed<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
         self.commit()
             .map(|c| c.removed.iter().map(|id| bytes(py, id)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Members whose key updates (update proposals) this commit applied.
+    #[getter]
+    fn updated<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        self.commit()
+            .map(|c| c.updated.iter().map(|id| bytes(py, id)).collect())
             .unwrap_or_default()
     }
 

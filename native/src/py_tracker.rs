@@ -155,8 +155,8 @@ impl PyTrackedGroup {
         PyTrackedGroup::from(self.lock().clone())
     }
 
-    /// Validates a commit or a leave proposal and applies it; raises MlsError, changing
-    /// nothing, if it does not validate.
+    /// Validates a commit or a member's proposal (its leave or its key update) and
+    /// applies it; raises MlsError, changing nothing, if it does not validate.
     fn process(&self, py: Python<'_>, message: &[u8]) -> PyResult<PyObserved> {
         py.allow_threads(|| self.lock().process(message))
             .map(PyObserved)
@@ -164,7 +164,7 @@ impl PyTrackedGroup {
     }
 }
 
-/// What a validated handshake message did: ``kind`` is "commit" or "leave".
+/// What a validated handshake message did: ``kind`` is "commit", "leave" or "update".
 #[pyclass(module = "svc_sdk._native", name = "Observed", frozen)]
 struct PyObserved(Observed);
 
@@ -175,6 +175,7 @@ impl PyObserved {
         match self.0 {
             Observed::Commit(_) => "commit",
             Observed::Leave { .. } => "leave",
+            Observed::Update { .. } => "update",
         }
     }
 
@@ -183,16 +184,16 @@ impl PyObserved {
     fn epoch(&self) -> u64 {
         match &self.0 {
             Observed::Commit(c) => c.epoch,
-            Observed::Leave { .. } => 0,
+            Observed::Leave { .. } | Observed::Update { .. } => 0,
         }
     }
 
-    /// The committer, or the member that proposes to leave.
+    /// The committer, or the member that proposes.
     #[getter]
     fn sender<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         match &self.0 {
             Observed::Commit(c) => bytes(py, &c.committer),
-            Observed::Leave { member } => bytes(py, member),
+            Observed::Leave { member } | Observed::Update { member } => bytes(py, member),
         }
     }
 
@@ -201,7 +202,7 @@ impl PyObserved {
     fn added<'py>(&self, py: Python<'py>) -> Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
         match &self.0 {
             Observed::Commit(c) => c.added.iter().map(|(m, r)| (bytes(py, m), bytes(py, r))).collect(),
-            Observed::Leave { .. } => Vec::new(),
+            _ => Vec::new(),
         }
     }
 
@@ -210,7 +211,7 @@ impl PyObserved {
     fn added_init_keys<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
         match &self.0 {
             Observed::Commit(c) => c.added_init_keys.iter().map(|k| bytes(py, k)).collect(),
-            Observed::Leave { .. } => Vec::new(),
+            _ => Vec::new(),
         }
     }
 
@@ -218,7 +219,7 @@ impl PyObserved {
     fn removed<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
         match &self.0 {
             Observed::Commit(c) => c.removed.iter().map(|m| bytes(py, m)).collect(),
-            Observed::Leave { .. } => Vec::new(),
+            _ => Vec::new(),
         }
     }
 
@@ -227,7 +228,7 @@ impl PyObserved {
     fn left<'py>(&self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
         match &self.0 {
             Observed::Commit(c) => c.left.iter().map(|m| bytes(py, m)).collect(),
-            Observed::Leave { .. } => Vec::new(),
+            _ => Vec::new(),
         }
     }
 

@@ -7,8 +7,9 @@
 //! credentials ([`SvcIdentityProvider`], checked at the relay's clock), and the channel's
 //! roles policy ([`SvcRules`]) allows it. A handshake that fails any of these is never
 //! stored. Without the group's secrets it cannot check a handshake's membership tag: a
-//! commit whose tag a member spoiled passes here and is refused by every member
-//! (docs/security.md, "A commit members cannot process").
+//! commit whose tag its committer spoiled passes here and is refused by every member.
+//! The policy keeps commits to the owner and admins, which is checked here from the
+//! signature and the roles (docs/security.md, "A commit members cannot process").
 
 use mls_rs::external_client::builder::{ExternalBaseConfig, WithCryptoProvider, WithIdentityProvider, WithMlsRules};
 use mls_rs::external_client::{ExternalClient, ExternalGroup, ExternalReceivedMessage, ExternalSnapshot};
@@ -67,6 +68,10 @@ pub enum Observed {
     Commit(CommitEvent),
     /// A member's proposal to remove itself.
     Leave {
+        member: Vec<u8>,
+    },
+    /// A member's proposal to update its own leaf (fresh keys, or a renewed credential).
+    Update {
         member: Vec<u8>,
     },
 }
@@ -232,12 +237,46 @@ impl TrackedGroup {
                 }
                 Observed::Commit(event)
             }
-            ExternalReceivedMessage::Proposal(desc) => match (&desc.sender, &desc.proposal) {
-                (ProposalSender::Member(index), Proposal::Remove(rm)) if rm.to_remove() == *index => Observed::Leave {
-                    member: before.member_at(*index),
-                },
-                _ => return Err(rejected("the only proposal a member sends is its own removal (leave)")),
-            },
+            ExternalReceivedMessage::Proposal(desc) => {
+                let observed = match (&desc.sender, &desc.proposal) {
+                    (ProposalSender::Member(index), Proposal::Remove(rm)) if rm.to_remove() == *index => {
+                        Observed::Leave {
+                            member: before.member_at(*index),
+                        }
+                    }
+                    (ProposalSender::Member(index), Proposal::Update(_)) => Observed::Update {
+                        member: before.member_at(*index),
+                    },
+                    _ => {
+                        return Err(rejected(
+                            "a member proposes only its own key update or its own removal (leave)",
+                        ))
+                    }
+                };
+                // The proposals of an epoch live in the tracked group until a commit ends
+                // it: one of each kind per member bounds them. The same proposal sent
+                // again has the same reference and replaces itself.
+                let ProposalSender::Member(index) = desc.sender else {
+                    unreachable!("matched above")
+                };
+                let same_kind = |p: &Proposal| {
+                    matches!(
+                        (p, &desc.proposal),
+                        (Proposal::Remove(_), Proposal::Remove(_)) | (Proposal::Update(_), Proposal::Update(_))
+                    )
+                };
+                let held = scratch
+                    .get_cached_proposals()
+                    .iter()
+                    .filter(|c| *c.sender() == Sender::Member(index) && same_kind(c.proposal()))
+                    .count();
+                if held > 1 {
+                    return Err(rejected(
+                        "a member has one key update and one leave proposal per epoch; this epoch holds one already",
+                    ));
+                }
+                observed
+            }
             _ => return Err(rejected("expected a commit or a proposal")),
         };
         self.group = scratch;

@@ -91,24 +91,66 @@ fn removed_member_cannot_decrypt_and_forgets_group() {
     assert_eq!(app_data(g[2].process(&ct).unwrap()).1, b"secret after removal");
 }
 
+/// Makes `name` an admin of the group of `g` (alice, the owner, at index 0).
+fn promote(g: &[Arc<GroupHandle>], name: &str) {
+    let pending = g[0].set_role(&mid(name), Role::Admin).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    for other in &g[1..] {
+        other.process(&pending.commit).unwrap();
+    }
+}
+
 #[test]
 fn self_update_advances_epoch_for_everyone() {
     let (a, b) = (agent("alice"), agent("bob"));
     let g = group_of(&a, &[&b]);
-    let before = g[1].epoch().unwrap();
-    let pending = g[1].self_update().unwrap();
-    g[1].apply_pending_commit().unwrap();
-    g[0].process(&pending.commit).unwrap();
-    assert_eq!(g[0].epoch().unwrap(), before + 1);
-    let ct = g[0].encrypt(b"new epoch", b"").unwrap();
-    assert_eq!(app_data(g[1].process(&ct).unwrap()).1, b"new epoch");
+    let before = g[0].epoch().unwrap();
+    let pending = g[0].self_update().unwrap();
+    g[0].apply_pending_commit().unwrap();
+    g[1].process(&pending.commit).unwrap();
+    assert_eq!(g[1].epoch().unwrap(), before + 1);
+    let ct = g[1].encrypt(b"new epoch", b"").unwrap();
+    assert_eq!(app_data(g[0].process(&ct).unwrap()).1, b"new epoch");
+}
+
+#[test]
+fn a_plain_member_does_not_commit() {
+    let (a, b) = (agent("alice"), agent("bob"));
+    let g = group_of(&a, &[&b]);
+    assert!(matches!(g[1].self_update(), Err(EngineError::Policy { .. })));
+    assert!(!g[1].has_pending_commit().unwrap());
+}
+
+#[test]
+fn a_members_update_proposal_is_committed_by_the_owner() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let g = group_of(&a, &[&b, &c]);
+    let before = g[0].epoch().unwrap();
+    let proposal = g[1].propose_update().unwrap();
+    for other in [&g[0], &g[2]] {
+        assert!(matches!(other.process(&proposal).unwrap(), Received::Proposal { .. }));
+    }
+    let commit = g[0].self_update().unwrap();
+    let info = g[0].apply_pending_commit().unwrap();
+    assert_eq!(info.updated, vec![mid("bob")]);
+    for other in [&g[1], &g[2]] {
+        match other.process(&commit.commit).unwrap() {
+            Received::Commit(c) => assert_eq!(c.updated, vec![mid("bob")]),
+            r => panic!("unexpected {r:?}"),
+        }
+    }
+    assert_eq!(g[1].epoch().unwrap(), before + 1);
+    let ct = g[1].encrypt(b"with fresh keys", b"").unwrap();
+    assert_eq!(app_data(g[0].process(&ct).unwrap()).1, b"with fresh keys");
+    assert_eq!(app_data(g[2].process(&ct).unwrap()).1, b"with fresh keys");
 }
 
 #[test]
 fn concurrent_commits_resolved_by_delivery_service() {
     let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
     let g = group_of(&a, &[&b]);
-    // Both commit in the same epoch; the delivery service accepts alice's.
+    promote(&g, "bob");
+    // Both admins commit in the same epoch; the delivery service accepts alice's.
     let kp = c.engine.generate_key_package().unwrap();
     let alice_commit = g[0].add_members(&[kp]).unwrap();
     let bob_commit = g[1].self_update().unwrap();
@@ -133,6 +175,7 @@ fn concurrent_commits_resolved_by_delivery_service() {
 fn losing_commit_cannot_be_processed_by_others() {
     let (a, b) = (agent("alice"), agent("bob"));
     let g = group_of(&a, &[&b]);
+    promote(&g, "bob");
     let loser = g[1].self_update().unwrap();
     let winner = g[0].self_update().unwrap();
     g[0].apply_pending_commit().unwrap();

@@ -120,9 +120,11 @@ fn the_tracker_follows_adds_and_knows_the_welcome_recipients() {
 fn handshakes_travel_in_the_clear_and_application_messages_do_not() {
     let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
     let (g, _) = channel(&a, &b, &c);
-    let update = g[1].self_update().unwrap();
+    let update = g[0].self_update().unwrap();
     assert_eq!(_native::inspect(&update.commit).unwrap().wire_format, "public_message");
-    g[1].clear_pending_commit().unwrap();
+    g[0].clear_pending_commit().unwrap();
+    let proposal = g[1].propose_update().unwrap();
+    assert_eq!(_native::inspect(&proposal).unwrap().wire_format, "public_message");
     let ct = g[0].encrypt(b"secret", b"").unwrap();
     assert_eq!(_native::inspect(&ct).unwrap().wire_format, "private_message");
 }
@@ -136,8 +138,45 @@ fn a_plain_member_cannot_add_remove_or_change_roles() {
     policy_error(g[1].remove_members(&[mid("carol")]));
     policy_error(g[1].set_role(&mid("bob"), Role::Admin));
     policy_error(g[1].set_members_invite(true));
-    // Updating its own keys is every member's right.
-    g[1].self_update().unwrap();
+    // Nor does it commit its own key update: a commit carries secrets that only members
+    // can check, so a spoiled one would strand them (docs/security.md).
+    policy_error(g[1].self_update());
+}
+
+#[test]
+fn a_members_key_update_is_a_proposal_the_owner_commits() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    let proposal = g[1].propose_update().unwrap();
+    assert!(matches!(tracked.process(&proposal).unwrap(), Observed::Update { member } if member == mid("bob")));
+    // Sent again (a resent Publish), the same proposal is the same reference.
+    tracked.process(&proposal).unwrap();
+    for m in [&g[0], &g[2]] {
+        assert!(matches!(m.process(&proposal).unwrap(), Received::Proposal { .. }));
+    }
+    let commit = g[0].self_update().unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&commit.commit, &mut tracked, &[&g[1], &g[2]]);
+    let ct = g[1].encrypt(b"fresh keys", b"").unwrap();
+    assert!(matches!(g[2].process(&ct).unwrap(), Received::Application { .. }));
+}
+
+#[test]
+fn a_member_has_one_update_and_one_leave_proposal_per_epoch() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    tracked.process(&g[1].propose_update().unwrap()).unwrap();
+    tracked.process(&g[1].propose_leave().unwrap()).unwrap();
+    let before = tracked.snapshot().unwrap();
+    let err = tracked.process(&g[1].propose_update().unwrap()).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("one key update and one leave proposal per epoch"),
+        "{err}"
+    );
+    assert_eq!(tracked.snapshot().unwrap(), before);
+    // Another member's are its own.
+    tracked.process(&g[2].propose_update().unwrap()).unwrap();
 }
 
 #[test]
@@ -184,10 +223,10 @@ fn a_leaving_admin_takes_its_role_along() {
     for m in [&g[0], &g[2]] {
         assert!(matches!(m.process(&leave).unwrap(), Received::Proposal { .. }));
     }
-    // carol, a plain member, commits bob's own removal; the roles change comes with it.
-    let commit = g[2].self_update().unwrap();
-    g[2].apply_pending_commit().unwrap();
-    let Observed::Commit(event) = deliver(&commit.commit, &mut tracked, &[&g[0]]) else {
+    // alice, the owner, commits bob's own removal; the roles change comes with it.
+    let commit = g[0].self_update().unwrap();
+    g[0].apply_pending_commit().unwrap();
+    let Observed::Commit(event) = deliver(&commit.commit, &mut tracked, &[&g[2]]) else {
         panic!("expected a commit");
     };
     assert_eq!((event.left, event.removed), (vec![mid("bob")], vec![]));
@@ -202,14 +241,14 @@ fn forged_replayed_and_foreign_handshakes_change_nothing() {
     let (g, mut tracked) = channel(&a, &b, &c);
     let before = tracked.snapshot().unwrap();
 
-    let update = g[1].self_update().unwrap();
+    let update = g[0].self_update().unwrap();
     let mut forged = update.commit.clone();
     let n = forged.len();
     forged[n / 2] ^= 1; // inside the signed content
     assert!(tracked.process(&forged).is_err());
     assert!(tracked.process(b"\x00\x01junk").is_err());
     assert!(tracked.process(&g[0].encrypt(b"hi", b"").unwrap()).is_err());
-    g[1].clear_pending_commit().unwrap();
+    g[0].clear_pending_commit().unwrap();
 
     // Another group's commit, however valid there.
     let (d, e) = (agent("dave"), agent("erin"));
@@ -219,9 +258,9 @@ fn forged_replayed_and_foreign_handshakes_change_nothing() {
     assert_eq!(tracked.snapshot().unwrap(), before);
 
     // The channel still commits, and the accepted commit cannot be replayed.
-    let update = g[2].self_update().unwrap();
-    g[2].apply_pending_commit().unwrap();
-    deliver(&update.commit, &mut tracked, &[&g[0], &g[1]]);
+    let update = g[0].self_update().unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&update.commit, &mut tracked, &[&g[1], &g[2]]);
     assert!(tracked.process(&update.commit).is_err());
     assert_eq!(tracked.epoch(), 3);
 }
@@ -292,6 +331,11 @@ fn a_rogue_members_policy_breaking_commits_are_refused_by_the_relay_and_members(
                 .unwrap()
                 .build()
                 .unwrap();
+            group.clear_pending_commit();
+            out.commit_message.to_bytes().unwrap()
+        }),
+        ("update its own keys (a commit a plain member could spoil)", {
+            let out = group.commit_builder().build().unwrap();
             group.clear_pending_commit();
             out.commit_message.to_bytes().unwrap()
         }),

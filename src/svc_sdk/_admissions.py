@@ -1,6 +1,7 @@
-"""Commits a channel makes on its own: adding agents that redeemed invites, and
-committing members' leave proposals. Processing finds them; they need the relay, so
-they are made after the lock for processing is released."""
+"""Commits an owner's or admin's channel makes on its own: adding agents that redeemed
+invites, and committing members' proposals (their leaving, their key updates).
+Processing finds them; they need the relay, so they are made after the lock for
+processing is released."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ class Admissions:
         return bool(self.join_requests or self.proposals) and self._channel._closed is None
 
     def do_work(self) -> None:
-        """Adds agents that redeemed invites and commits members' leave proposals.
+        """Adds agents that redeemed invites and commits members' proposals (an owner's or
+        admin's channel only: plain members do not commit).
 
         Never waits for another thread's commit (a reader must not wait out a relay's
         round trips): work that arrives while a commit is under way, or while another
@@ -98,7 +100,10 @@ class Admissions:
                 if self._adding is not None:
                     self._drop(self._adding)
             if self.proposals and channel._closed is None:
-                channel._commits.commit(self._commit_proposals)
+                if self._is_admin():
+                    channel._commits.commit(self._commit_proposals)
+                else:
+                    self.proposals = False  # only the owner and admins commit them
         except SvcError as exc:  # MlsError included
             log.warning("channel %s: %s", channel.name, exc)
 
@@ -108,9 +113,7 @@ class Admissions:
             self.join_requests = [r for r in self.join_requests if r != request]
 
     def _is_admin(self) -> bool:
-        channel = self._channel
-        me = channel._client.engine.member_id
-        return me is not None and channel._group.roles().role(me) != "member"
+        return self._channel._is_admin()
 
     def _next_admission(self) -> PendingCommit | None:
         self._adding = None

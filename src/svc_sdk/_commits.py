@@ -1,4 +1,5 @@
-"""Getting a channel's commits, and its leave proposals, accepted by the relay.
+"""Getting a channel's commits, and its proposals (leaving, key updates), accepted by the
+relay.
 
 Commits follow mls-rs's explicit states: a commit is pending until the relay accepts it
 (apply) or another member's commit wins the epoch (clear, process theirs, try again). A
@@ -9,6 +10,7 @@ made again once this agent has caught up.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -20,6 +22,8 @@ from svc_sdk.relay_frames import Code, Commit, CreateChannel, Publish, RelayErro
 
 if TYPE_CHECKING:
     from svc_sdk.channel import Channel
+
+log = logging.getLogger("svc_sdk.channel")  # one logger for all of a channel's parts
 
 STALE = Code.FAILED_PRECONDITION
 COMMIT_ATTEMPTS = 20
@@ -40,6 +44,8 @@ class Commits:
         #: Set when this agent's pending commit came back in the log and was applied
         #: (by whichever thread processed it): what :meth:`settle` reports.
         self.echoed = False
+        #: The epoch of the last commit that applied this agent's update proposal.
+        self.updated_epoch = 0
         self._one_at_a_time = threading.Lock()
 
     @property
@@ -104,6 +110,28 @@ class Commits:
             f"channel {channel.name!r}: the proposal got into no epoch in time; other "
             "members' commits kept taking them first"
         )
+
+    def propose_until(
+        self, make: Callable[[], bytes], done: Callable[[], bool], deadline: float
+    ) -> bool:
+        """Proposes with ``make`` and waits until ``done()`` — an owner's or admin's
+        commit carried the proposal — or ``deadline`` (``time.monotonic()``); returns
+        ``done()``. A proposal is valid in its epoch only: when a commit ends that epoch
+        without it, it is made again in the next. The first proposal's failure raises;
+        a later one's is logged and tried again while time is left."""
+        channel = self._channel
+        proposed = self.propose(make, deadline)
+        while not done() and channel._closed is None and time.monotonic() < deadline:
+            with channel._cond:
+                if not channel._raw:
+                    channel._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            channel._deliveries.process_pending()
+            if not done() and channel._closed is None and channel._group.epoch > proposed:
+                try:
+                    proposed = self.propose(make, deadline)
+                except TransportError as exc:
+                    log.warning("channel %s: proposing again failed: %s", channel.name, exc)
+        return done()
 
     def _attempts(self, make: Callable[[], PendingCommit | None]) -> PendingCommit | None:
         channel = self._channel

@@ -165,6 +165,8 @@ class Deliveries:
                 elif result.kind == "commit":
                     admissions.proposals = False
                     removed = removed or result.self_removed
+                    if me in result.updated:
+                        channel._commits.updated_epoch = result.epoch
                 elif result.kind == "proposal":
                     admissions.proposals = True
                     admissions.arrivals += 1

@@ -213,9 +213,9 @@ class AsyncChannel:
         """See :meth:`Channel.remove_member`."""
         await anyio.to_thread.run_sync(self.channel.remove_member, member)
 
-    async def update_keys(self) -> None:
+    async def update_keys(self, timeout: float | None = None) -> None:
         """See :meth:`Channel.update_keys`."""
-        await anyio.to_thread.run_sync(self.channel.update_keys)
+        await anyio.to_thread.run_sync(self.channel.update_keys, timeout)
 
     async def leave(self, timeout: float = 5.0) -> None:
         """See :meth:`Channel.leave`."""

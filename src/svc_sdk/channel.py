@@ -392,44 +392,58 @@ class Channel:
             raise MlsError(f"{identity!r} is not a member of this channel")
         return found[0].member_id
 
-    def update_keys(self) -> None:
-        """Refreshes this agent's keys (an MLS update): post-compromise security."""
-        self._commits.commit(self._group.self_update)
+    def update_keys(self, timeout: float | None = None) -> None:
+        """Refreshes this agent's keys (an MLS update): post-compromise security, and the
+        way a renewed credential reaches the channel.
+
+        The owner and admins commit the update themselves. A plain member does not commit
+        (docs/security.md, "Membership authority"): it proposes the update, an owner's
+        or admin's client commits it, and this waits up to ``timeout`` (None: the
+        client's timeout) for that commit. TransportError if none came: the keys are
+        unchanged, and the proposal may still be committed while its epoch lasts."""
+        check_wait(timeout, None)
+        if self._is_admin():
+            self._commits.commit(self._group.self_update)
+            return
+        wait = self._client.timeout if timeout is None else timeout
+        start = self._group.epoch
+        if not self._commits.propose_until(
+            self._group.propose_update,
+            lambda: self._commits.updated_epoch > start,
+            time.monotonic() + wait,
+        ):
+            self._check_open()
+            raise TransportError(
+                f"channel {self.name!r}: no owner or admin committed this agent's key update "
+                f"within {wait:g} s"
+            )
+
+    def _is_admin(self) -> bool:
+        """Whether this agent is the channel's owner or an admin: who commits."""
+        me = self._client.engine.member_id
+        return me is not None and self._group.roles().role(me) != "member"
 
     def leave(self, timeout: float = 5.0) -> None:
-        """Leaves the channel: asks the other members (an MLS remove proposal) to commit
-        this agent's removal, waits up to ``timeout`` for it, then forgets the channel and
-        its keys. If no member is online, the local state is deleted anyway.
+        """Leaves the channel: asks the owner and admins (an MLS remove proposal; MLS lets
+        no agent commit its own removal, and only they commit) to commit this agent's
+        removal, waits up to ``timeout`` for it, then forgets the channel and its keys. If
+        none of them is online, the local state is deleted anyway.
 
         A proposal is valid in its epoch only: when another member's commit takes that
         epoch first (the relay refuses the proposal as stale, or the commit leaves it
         out), the proposal is made again in the new epoch, until ``timeout``. Removed by
         another member meanwhile, this agent is out as asked: leave() returns."""
         self._check_open()
-        deadline = time.monotonic() + timeout
         try:
-            proposed = self._commits.propose(self._leave_proposal)
+            self._commits.propose_until(
+                self._leave_proposal,
+                lambda: self._closed is not None,
+                time.monotonic() + timeout,
+            )
         except ChannelClosedError:
             if self._forgotten():
                 return  # removed meanwhile: out of the channel, as asked
             raise
-        while self._closed is None and time.monotonic() < deadline:
-            with self._cond:
-                if not self._raw:
-                    self._cond.wait(min(0.05, max(0.0, deadline - time.monotonic())))
-            self._deliveries.process_pending()
-            if self._closed is None and self._group.epoch > proposed:
-                # A commit that did not remove this agent ended the proposal's epoch.
-                try:
-                    proposed = self._commits.propose(self._leave_proposal, deadline)
-                except TransportError as exc:
-                    # As with no member online: tried again while time is left, then the
-                    # local state goes.
-                    log.warning("channel %s: proposing to leave again failed: %s", self.name, exc)
-                except ChannelClosedError:
-                    if self._forgotten():
-                        return
-                    raise
         if self._closed is None:
             self._client._forget(self, ChannelClosedError(f"left channel {self.name!r}"))
 

@@ -241,7 +241,7 @@ class SvcChannelManager:
         self._channel(channel_name).remove_member(member)
 
     def leave(self, channel_name: str) -> None:
-        """Leaves the channel (another member commits the removal) and forgets it here."""
+        """Leaves the channel (an owner or admin commits the removal) and forgets it here."""
         self._channel(channel_name).leave()
 
     def close(self) -> None:

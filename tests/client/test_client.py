@@ -434,6 +434,8 @@ def test_leave_waits_for_a_commit_under_way(stack: LocalStack, channel_name: str
     waits for the commit another thread has under way, then leaves."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     with ca, cb:
+        chan_a.set_role(cb.agent_id, "admin")  # b commits: only the owner and admins do
+        wait_for(lambda: chan_b.roles()[cb.agent_id] == "admin")
         release, updating = update_held_at_its_reply(cb, chan_b)
         threading.Timer(1.0, release.set).start()
         try:

@@ -45,13 +45,16 @@ def test_leave_returns_when_a_commit_removes_the_agent_first(
 def _proposal_left_out(
     stack: LocalStack, channel_name: str, ids: Any, *, relay_away_after: bool
 ) -> None:
-    """b leaves while c's commit, built before b proposed, is ordered after b's proposal
-    and leaves it out: the proposal dies with its epoch. With ``relay_away_after``, b's
-    requests fail once its first proposal is in (the relay out of reach)."""
+    """b leaves while c's (an admin's) commit, built before b proposed, is ordered after
+    b's proposal and leaves it out: the proposal dies with its epoch. With
+    ``relay_away_after``, b's requests fail once its first proposal is in (the relay out
+    of reach)."""
     ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
     cc = client(stack, ids("c"))
     with ca, cb, cc:
         chan_c = cc.join_channel(channel_name, chan_a.add_member(cc.generate_key_package()))
+        chan_a.set_role(cc.agent_id, "admin")  # c commits: only the owner and admins do
+        wait_for(lambda: chan_c.roles()[cc.agent_id] == "admin")
         proposed = threading.Event()
         c_conn, b_conn = cc.link._conn, cb.link._conn
         assert c_conn is not None and b_conn is not None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from svc_sdk.agent_credential import CREDENTIAL_TYPE
-from svc_sdk.mls import Engine, MlsError, inspect, verify_agent_credential
+from svc_sdk.mls import Engine, MlsError, PolicyError, inspect, verify_agent_credential
 
 from ..conftest import ISSUER, member_id
 from .helpers import make_group
@@ -77,21 +77,47 @@ def test_remove_unknown_or_self_is_an_error(make_engine: MakeEngine) -> None:
 
 def test_self_update_moves_everyone_to_next_epoch(make_engine: MakeEngine) -> None:
     alice, bob = make_group(make_engine("alice"), make_engine("bob"))
-    pending = bob.self_update()
+    pending = alice.self_update()
     assert pending.welcome is None
-    bob.apply_pending_commit()
-    assert alice.process(pending.commit).sender == member_id("bob")
+    alice.apply_pending_commit()
+    assert bob.process(pending.commit).sender == member_id("alice")
     assert alice.epoch == bob.epoch == 2
-    assert bob.process(alice.encrypt(b"fresh keys")).data == b"fresh keys"
+    assert alice.process(bob.encrypt(b"fresh keys")).data == b"fresh keys"
+
+
+def test_a_plain_members_key_update_is_a_proposal_an_admin_commits(
+    make_engine: MakeEngine,
+) -> None:
+    alice, bob, carol = make_group(make_engine("alice"), make_engine("bob"), make_engine("carol"))
+    with pytest.raises(PolicyError, match="only the owner and admins commit"):
+        bob.self_update()
+    assert not bob.has_pending_commit
+    before = alice.epoch
+    proposal = bob.propose_update()
+    assert inspect(proposal).content_type == "proposal"
+    assert alice.process(proposal).kind == carol.process(proposal).kind == "proposal"
+    commit = alice.self_update()
+    assert alice.apply_pending_commit().updated == [member_id("bob")]
+    assert (
+        bob.process(commit.commit).updated
+        == carol.process(commit.commit).updated
+        == [member_id("bob")]
+    )
+    assert alice.epoch == bob.epoch == carol.epoch == before + 1
+    ciphertext = bob.encrypt(b"fresh keys")
+    assert alice.process(ciphertext).data == carol.process(ciphertext).data == b"fresh keys"
 
 
 def test_concurrent_commits_resolved_the_delivery_service_way(make_engine: MakeEngine) -> None:
     carol_engine = make_engine("carol")
     alice, bob = make_group(make_engine("alice"), make_engine("bob"))
-    # Both commit in epoch 1; the relay accepts the first (alice's) and rejects bob's.
+    promote = alice.set_role(member_id("bob"), "admin")
+    alice.apply_pending_commit()
+    bob.process(promote.commit)
+    # Both admins commit in epoch 2; the relay accepts the first (alice's), rejects bob's.
     winner = alice.add_members([carol_engine.generate_key_package()])
     loser = bob.self_update()
-    assert winner.epoch == loser.epoch == 1
+    assert winner.epoch == loser.epoch == 2
     alice.apply_pending_commit()
     bob.clear_pending_commit()
     assert not bob.has_pending_commit
@@ -100,11 +126,11 @@ def test_concurrent_commits_resolved_the_delivery_service_way(make_engine: MakeE
     carol = carol_engine.join_group(winner.welcome)
     # Bob rebuilds his commit on the new epoch; now it is the only one and is accepted.
     retry = bob.self_update()
-    assert retry.epoch == 2
+    assert retry.epoch == 3
     bob.apply_pending_commit()
     alice.process(retry.commit)
     carol.process(retry.commit)
-    assert alice.epoch == bob.epoch == carol.epoch == 3
+    assert alice.epoch == bob.epoch == carol.epoch == 4
     ciphertext = carol.encrypt(b"converged")
     assert alice.process(ciphertext).data == bob.process(ciphertext).data == b"converged"
     # The losing commit is stale for everyone.

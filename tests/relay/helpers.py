@@ -35,6 +35,8 @@ class Member:
     group: Group | None = None
     cursor: int = 0
     received: list[bytes] = field(default_factory=list)
+    #: Members whose key updates the last commit ``next`` processed applied.
+    updated: list[bytes] = field(default_factory=list)
 
     @property
     def identity(self) -> bytes:
@@ -104,6 +106,8 @@ class Member:
         received = self.group.process(delivery.message)
         if received.data is not None:
             self.received.append(received.data)
+        if received.kind == "commit":
+            self.updated = received.updated
         return delivery
 
 

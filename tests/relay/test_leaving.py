@@ -1,6 +1,6 @@
-"""A member's proposal to leave, through a running relay: stored with the tracked group
-that holds it, then committed by another member. Each test runs on the SQLite and the
-Redis log."""
+"""A member's proposals — to leave, to update its keys — through a running relay: stored
+with the tracked group that holds them, then committed by an admin (plain members do not
+commit). Each test runs on the SQLite and the Redis log."""
 
 from __future__ import annotations
 
@@ -23,12 +23,16 @@ UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 async def trio(stack: Stack, account: Account, root: Path) -> tuple[Member, Member, Member]:
-    """alice (the owner), bob and carol in CHANNEL, every one at the same epoch."""
+    """alice (the owner), bob (an admin) and carol in CHANNEL, all at the same epoch."""
     alice, bob = await pair(stack, account, root)
     carol = await member(stack, account, root, "carol")
     await alice.add(CHANNEL, carol)
     await carol.join(CHANNEL)
     await bob.next()
+    assert alice.group is not None
+    await alice.commit(CHANNEL, alice.group.set_role(bob.member_id, "admin"))
+    await bob.next()
+    await carol.next()
     return alice, bob, carol
 
 
@@ -45,7 +49,7 @@ async def propose_leave(leaver: Member) -> int:
     return reply.seq
 
 
-async def test_a_stored_proposal_is_read_and_committed_by_another_member(
+async def test_a_stored_proposal_is_read_and_committed_by_an_admin(
     stack: Stack, account: Account, tmp_path: Path
 ) -> None:
     alice, bob, carol = await trio(stack, account, tmp_path)
@@ -151,4 +155,47 @@ async def test_a_proposal_the_log_cannot_store_leaves_the_group_as_it_was(
     await bob.next()
     await bob.commit(CHANNEL, bob.group.self_update())
     assert carol.member_id not in bob.group.members()
+    await close(alice, bob, carol)
+
+
+async def test_a_members_key_update_is_stored_and_committed_by_an_admin(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    alice, bob, carol = await trio(stack, account, tmp_path)
+    assert alice.group and bob.group and carol.group
+    epoch = bob.group.epoch
+    proposal = carol.group.propose_update()
+    proposed = (await carol.conn.request(pb.Publish(channel=CHANNEL, message=[proposal]))).seq
+    assert (await bob.next()).seq == proposed
+    reply = await bob.commit(CHANNEL, bob.group.self_update())  # carries the update
+    assert reply.epoch == epoch + 1
+    await carol.next()
+    assert carol.updated == [carol.member_id]
+    await alice.next()  # the proposal
+    await alice.next()
+    assert alice.updated == [carol.member_id]
+    await carol.send(CHANNEL, "with fresh keys")
+    await alice.next()
+    assert alice.received[-1] == b"with fresh keys"
+    await close(alice, bob, carol)
+
+
+async def test_a_second_proposal_of_a_kind_in_one_epoch_is_refused(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """The proposals of an epoch stay in the tracked group until a commit ends it: a
+    member has one key update and one leave proposal per epoch, not a flood of them."""
+    alice, bob, carol = await trio(stack, account, tmp_path)
+    assert carol.group is not None
+    first = carol.group.propose_update()
+    await carol.conn.request(pb.Publish(channel=CHANNEL, message=[first]))
+    await carol.conn.request(pb.Publish(channel=CHANNEL, message=[first]))  # resent: fine
+    head = await head_seq(alice)
+    version = await stack.relay.relay.store.group_version(CHANNEL)
+    again = carol.group.propose_update()
+    reply = await carol.conn.request(pb.Publish(channel=CHANNEL, message=[again]), check=False)
+    assert reply.code == INVALID, reply
+    assert "one key update and one leave proposal per epoch" in reply.message, reply.message
+    assert await head_seq(alice) == head
+    assert await stack.relay.relay.store.group_version(CHANNEL) == version
     await close(alice, bob, carol)

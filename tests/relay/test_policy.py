@@ -105,6 +105,9 @@ async def test_a_rogue_members_commits_are_refused_by_the_relay_and_the_members(
         "remove-owner": rogue(rogue_commit, data_dir, "mallory", "remove-owner"),
         "promote-self": rogue(rogue_commit, data_dir, "mallory", "promote-self"),
         "add": rogue(rogue_commit, data_dir, "mallory", "add", str(kp_file)),
+        # A plain member commits nothing, not even its own key update: a commit it
+        # could spoil would strand every member (the next test).
+        "update": rogue(rogue_commit, data_dir, "mallory", "update"),
     }
     for what, commit in attacks.items():
         reply = await mallory.conn.request(
@@ -528,20 +531,48 @@ async def test_a_used_key_package_under_another_signature_encoding_is_refused(
     await close(alice, bob)
 
 
+async def test_a_plain_members_commit_with_a_spoiled_tag_is_refused(
+    stack: Stack, account: Account, tmp_path: Path, rogue_commit: Path
+) -> None:
+    """The membership tag is a MAC under a key only members hold, outside the signature:
+    the relay cannot check it, and every member refuses a commit whose tag is spoiled. A
+    plain member's commit never gets that far: only the owner and admins commit, which the
+    relay checks from the signature alone, so a plain member cannot strand the channel."""
+    alice, bob = await pair(stack, account, tmp_path)
+    assert alice.group and bob.group
+    epoch = alice.group.epoch
+    head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
+    bob.engine.close()  # the tool signs with bob's key from his data_dir
+    spoiled = bytearray(rogue(rogue_commit, tmp_path / "bob", "bob", "update"))
+    spoiled[-1] ^= 1  # the last byte of a member's PublicMessage is its membership tag
+    with pytest.raises(MlsError, match="membership tag"):
+        await asyncio.to_thread(alice.group.process, bytes(spoiled))
+    frame = pb.Commit(channel=CHANNEL, epoch=epoch, commit=bytes(spoiled))
+    reply = await bob.conn.request(frame, check=False)
+    assert reply.code == DENIED, reply
+    assert "only the owner and admins commit" in reply.message, reply.message
+    assert (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq == head
+    reply = await alice.commit(CHANNEL, alice.group.self_update())
+    assert reply.epoch == epoch + 1
+    await close(alice, bob)
+
+
 @pytest.mark.xfail(
     strict=True,
     raises=AssertionError,
     reason="the relay follows groups from outside and cannot check membership tags "
     "(docs/security.md, 'A commit members cannot process')",
 )
-async def test_a_commit_whose_membership_tag_is_wrong_is_refused(
+async def test_an_admins_commit_whose_membership_tag_is_wrong_is_refused(
     stack: Stack, account: Account, tmp_path: Path
 ) -> None:
-    """The membership tag is a MAC under a key only members hold, outside the signature:
-    a member can sign a valid commit and spoil its tag. Every member refuses such a
-    commit; a relay that stores it has moved the channel to an epoch nobody can enter."""
+    """An admin can sign a valid commit and spoil its tag: every member refuses it, and a
+    relay that stores it has moved the channel to an epoch nobody can enter. (Admins hold
+    authority over the channel anyway: they can remove every other member.)"""
     alice, bob = await pair(stack, account, tmp_path)
     assert alice.group and bob.group
+    await alice.commit(CHANNEL, alice.group.set_role(bob.member_id, "admin"))
+    await bob.next()
     head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
     pending = bob.group.self_update()
     spoiled = bytearray(pending.commit)

@@ -121,16 +121,18 @@ async def test_relay_killed_and_restarted_loses_nothing(
         # The restarted relay tracks the group from the store: it refuses a forged commit
         # and accepts the next real one.
         assert alice.group and bob.group
-        update = bob.group.self_update()
+        update = alice.group.self_update()
         forged = bytearray(update.commit)
         forged[-(2 * 33) - 5] ^= 0x55  # in the signature, before the two tags
-        refused = await bob.conn.request(
+        refused = await alice.conn.request(
             pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=bytes(forged)), check=False
         )
         assert refused.code != 0, refused
-        await bob.conn.request(pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit))
-        bob.group.apply_pending_commit()
-        await alice.next()
+        await alice.conn.request(
+            pb.Commit(channel=CHANNEL, epoch=update.epoch, commit=update.commit)
+        )
+        alice.group.apply_pending_commit()
+        await bob.next()
         assert alice.group.epoch == bob.group.epoch == 2
         await alice.conn.close()
         await bob.conn.close()
@@ -142,7 +144,8 @@ async def one_on_each_relay(
     cluster: ScaledOut, tmp_path: Path, email: str
 ) -> tuple[Member, Member, str]:
     """alice on relay A creates the channel and adds bob, on relay B: his Welcome
-    crosses from one relay to the other. Also the account's relay token."""
+    crosses from one relay to the other. She makes him an admin, so both commit. Also
+    the account's relay token."""
     for port, proc in zip(cluster.relay_ports, cluster.relays, strict=True):
         await wait_grpc(f"127.0.0.1:{port}", proc)
     key, token = signup(cluster.api_url, email)
@@ -156,6 +159,9 @@ async def one_on_each_relay(
     await alice.create(CHANNEL)
     await alice.add(CHANNEL, bob)
     await bob.join(CHANNEL)
+    assert alice.group is not None
+    await alice.commit(CHANNEL, alice.group.set_role(bob.member_id, "admin"))
+    await bob.next()
     return alice, bob, token
 
 

@@ -29,12 +29,19 @@ async def member(stack: Stack, account: Account, root: Path, name: str) -> Membe
     return Member(name, made, await connect(stack, account, name.encode()))
 
 
-async def pair(stack: Stack, account: Account, root: Path) -> tuple[Member, Member]:
+async def pair(
+    stack: Stack, account: Account, root: Path, *, bob_admin: bool = False
+) -> tuple[Member, Member]:
+    """alice (the owner) and bob in CHANNEL; bob an admin, who commits too, if asked."""
     alice = await member(stack, account, root, "alice")
     bob = await member(stack, account, root, "bob")
     await alice.create(CHANNEL)
     await alice.add(CHANNEL, bob)
     await bob.join(CHANNEL)
+    if bob_admin:
+        assert alice.group is not None
+        await alice.commit(CHANNEL, alice.group.set_role(bob.member_id, "admin"))
+        await bob.next()
     return alice, bob
 
 
@@ -66,7 +73,7 @@ async def test_messages_flow_in_one_order(stack: Stack, account: Account, tmp_pa
 
 
 async def test_concurrent_commits_one_wins(stack: Stack, account: Account, tmp_path: Path) -> None:
-    alice, bob = await pair(stack, account, tmp_path)
+    alice, bob = await pair(stack, account, tmp_path, bob_admin=True)
     assert alice.group and bob.group
     a_commit = alice.group.self_update()
     b_commit = bob.group.self_update()
@@ -79,7 +86,7 @@ async def test_concurrent_commits_one_wins(stack: Stack, account: Account, tmp_p
     assert codes == [0, STALE], replies
     winner, loser = (alice, bob) if replies[0].code == 0 else (bob, alice)
     rejected = replies[1] if winner is alice else replies[0]
-    assert rejected.epoch == 2, "the rejection names the current epoch"
+    assert rejected.epoch == 3, "the rejection names the current epoch"
     assert "stale epoch" in rejected.message
     winner.group.apply_pending_commit()  # type: ignore[union-attr]
     loser.group.clear_pending_commit()  # type: ignore[union-attr]
@@ -89,9 +96,9 @@ async def test_concurrent_commits_one_wins(stack: Stack, account: Account, tmp_p
         pb.Commit(channel=CHANNEL, epoch=retry.epoch, commit=retry.commit)
     )
     loser.group.apply_pending_commit()  # type: ignore[union-attr]
-    assert reply.epoch == 3
+    assert reply.epoch == 4
     await winner.next()
-    assert alice.group.epoch == bob.group.epoch == 3
+    assert alice.group.epoch == bob.group.epoch == 4
     await alice.send(CHANNEL, "after the race")
     await bob.send(CHANNEL, "me too")
     await bob.next()
@@ -103,7 +110,7 @@ async def test_concurrent_commits_one_wins(stack: Stack, account: Account, tmp_p
 async def test_rejected_commit_welcome_is_never_delivered(
     stack: Stack, account: Account, tmp_path: Path
 ) -> None:
-    alice, bob = await pair(stack, account, tmp_path)
+    alice, bob = await pair(stack, account, tmp_path, bob_admin=True)
     dave = await member(stack, account, tmp_path, "dave")
     assert alice.group and bob.group
     # Bob's commit wins; alice's commit (which adds dave) is rejected.
@@ -270,7 +277,7 @@ async def test_forged_replayed_and_foreign_handshakes_are_refused_and_the_channe
     """The wedge attack: a Commit frame the relay cannot validate used to move the channel
     to an epoch nobody could follow. Now each is refused, nothing is stored, and the
     members go on committing."""
-    alice, bob = await pair(stack, account, tmp_path)
+    alice, bob = await pair(stack, account, tmp_path, bob_admin=True)
     assert alice.group and bob.group
     epoch = alice.group.epoch
     head = (await alice.conn.request(pb.CreateChannel(channel=CHANNEL))).head_seq
