@@ -15,7 +15,9 @@ use mls_rs::external_client::builder::{ExternalBaseConfig, WithCryptoProvider, W
 use mls_rs::external_client::{ExternalClient, ExternalGroup, ExternalReceivedMessage, ExternalSnapshot};
 use mls_rs::group::proposal::Proposal;
 use mls_rs::group::{CommitEffect, ProposalSender, Sender};
-use mls_rs::{CryptoProvider, WireFormat};
+use mls_rs::{CipherSuiteProvider, CryptoProvider, WireFormat};
+use mls_rs_codec::{MlsDecode, MlsEncode};
+use mls_rs_core::crypto::HpkePublicKey;
 use mls_rs_core::extension::ExtensionType;
 use mls_rs_core::time::MlsTime;
 
@@ -74,6 +76,53 @@ pub enum Observed {
     Update {
         member: Vec<u8>,
     },
+}
+
+fn malformed(what: &'static str) -> impl Fn(mls_rs_codec::Error) -> EngineError {
+    move |e| EngineError::Malformed {
+        what,
+        detail: e.to_string(),
+    }
+}
+
+/// The encryption key of an update proposal's new leaf: the first field of the leaf node
+/// it carries (mls-rs keeps the leaf node itself private).
+fn leaf_key(update: &mls_rs::group::proposal::UpdateProposal) -> Result<Vec<u8>> {
+    let encoded = update.mls_encode_to_vec().map_err(malformed("update proposal"))?;
+    let key = HpkePublicKey::mls_decode(&mut encoded.as_slice()).map_err(malformed("update proposal"))?;
+    Ok(key.as_ref().to_vec())
+}
+
+/// The encryption key of a key package's leaf: after its version, cipher suite and init
+/// key, the first field of its leaf node (private in mls-rs, like an update's).
+fn key_package_leaf_key(kp: &mls_rs::KeyPackage) -> Result<Vec<u8>> {
+    let encoded = kp.mls_encode_to_vec().map_err(malformed("key package"))?;
+    let mut rest = encoded.as_slice();
+    u16::mls_decode(&mut rest).map_err(malformed("key package"))?; // version
+    u16::mls_decode(&mut rest).map_err(malformed("key package"))?; // cipher suite
+    HpkePublicKey::mls_decode(&mut rest).map_err(malformed("key package"))?; // init key
+    let key = HpkePublicKey::mls_decode(&mut rest).map_err(malformed("key package"))?;
+    Ok(key.as_ref().to_vec())
+}
+
+/// Whether members can encrypt to `key` in suite `cipher_suite`: commits encrypt path
+/// secrets to the leaves of the tree, so a leaf whose key HPKE refuses (an X25519 point of
+/// small order, say), from a plain member's update or a joiner's key package, would make
+/// every later commit fail to build, and with it every admin's add, removal and role
+/// change. The relay tries the encryption itself before it accepts the leaf.
+pub fn check_encryption_key(cipher_suite: u16, key: &[u8]) -> Result<()> {
+    let cs = Crypto::default()
+        .cipher_suite_provider(cipher_suite.into())
+        .ok_or_else(|| rejected("unsupported cipher suite"))?;
+    let key = HpkePublicKey::from(key.to_vec());
+    cs.kem_public_key_validate(&key).map_err(|e| {
+        rejected(format!(
+            "the update's leaf encryption key is not a valid public key: {e}"
+        ))
+    })?;
+    cs.hpke_seal(&key, b"svc relay: update key check", None, b"")
+        .map_err(|e| rejected(format!("members cannot encrypt to the update's leaf key: {e}")))?;
+    Ok(())
 }
 
 fn rejected(detail: impl Into<String>) -> EngineError {
@@ -215,6 +264,10 @@ impl TrackedGroup {
                     match &p.proposal {
                         Proposal::Add(add) => {
                             let kp = add.key_package();
+                            // The joiner's leaf key is what later commits encrypt to.
+                            let suite = u16::from(kp.cipher_suite);
+                            check_encryption_key(suite, kp.hpke_init_key.as_ref())?;
+                            check_encryption_key(suite, &key_package_leaf_key(kp)?)?;
                             let reference = kp
                                 .to_reference(&cs)
                                 .map_err(|e| EngineError::mls("key package ref", e))?;
@@ -244,9 +297,12 @@ impl TrackedGroup {
                             member: before.member_at(*index),
                         }
                     }
-                    (ProposalSender::Member(index), Proposal::Update(_)) => Observed::Update {
-                        member: before.member_at(*index),
-                    },
+                    (ProposalSender::Member(index), Proposal::Update(update)) => {
+                        check_encryption_key(self.group.group_context().cipher_suite.into(), &leaf_key(update)?)?;
+                        Observed::Update {
+                            member: before.member_at(*index),
+                        }
+                    }
                     _ => {
                         return Err(rejected(
                             "a member proposes only its own key update or its own removal (leave)",

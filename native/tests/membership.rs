@@ -360,3 +360,20 @@ fn a_rogue_members_policy_breaking_commits_are_refused_by_the_relay_and_members(
     g[0].apply_pending_commit().unwrap();
     deliver(&update.commit, &mut tracked, &[&g[1], &g[2]]);
 }
+
+#[test]
+fn an_update_key_members_cannot_encrypt_to_is_refused() {
+    let cs = AwsLcCryptoProvider::default()
+        .cipher_suite_provider(CipherSuite::CURVE25519_AES128)
+        .unwrap();
+    let (_, good) = cs.kem_generate().unwrap();
+    _native::tracker::check_encryption_key(1, good.as_ref()).unwrap();
+    // Points of small order give an all-zero shared secret, which X25519 refuses.
+    let mut one = [0u8; 32];
+    one[0] = 1;
+    for bad in [[0u8; 32], one] {
+        let err = _native::tracker::check_encryption_key(1, &bad).unwrap_err();
+        assert!(err.to_string().contains("update's leaf"), "{err}");
+    }
+    assert!(_native::tracker::check_encryption_key(1, b"short").is_err());
+}
