@@ -25,13 +25,14 @@
 //! that breaks the policy is refused by all three even if one of them were to accept it.
 
 use mls_rs::error::IntoAnyError;
-use mls_rs::group::proposal::Proposal;
+use mls_rs::group::proposal::{Proposal, UpdateProposal};
 use mls_rs::group::{Roster, Sender};
 use mls_rs::mls_rules::{
     CommitDirection, CommitOptions, CommitSource, EncryptionOptions, ProposalBundle, ProposalInfo, ProposalSource,
 };
 use mls_rs::{ExtensionList, MlsRules};
 use mls_rs_codec::{MlsDecode, MlsEncode, MlsSize};
+use mls_rs_core::crypto::HpkePublicKey;
 use mls_rs_core::extension::{ExtensionType, MlsCodecExtension};
 use mls_rs_core::group::GroupContext;
 
@@ -265,6 +266,21 @@ fn check(
     })?;
     proposals
         .retain_by_type::<ExtensionList, _, _>(|p| keep(lenient, p, check_roles_change(&checker, extensions, p)))?;
+    // Updates are by reference, so a member's update waits in every cache while the
+    // admins' commits go on: each must stay out of a commit it would spoil.
+    let removed: Vec<u32> = proposals
+        .remove_proposals()
+        .iter()
+        .map(|p| p.proposal.to_remove())
+        .collect();
+    let added_keys: Vec<Vec<u8>> = proposals
+        .add_proposals()
+        .iter()
+        .map(|p| key_package_leaf_key(p.proposal.key_package()))
+        .collect::<Result<_, _>>()?;
+    proposals.retain_by_type::<UpdateProposal, _, _>(|p| {
+        keep(lenient, p, check_update(&removed, &added_keys, &p.sender, &p.proposal))
+    })?;
     if proposals.psk_proposals().len()
         + proposals.reinit_proposals().len()
         + proposals.external_init_proposals().len()
@@ -275,6 +291,50 @@ fn check(
     }
     drop_departed_roles(&checker, extensions, &mut proposals)?;
     Ok(proposals)
+}
+
+/// Whether a commit may carry update `p`, given the leaves it removes and the leaf keys
+/// of the key packages it adds. RFC 9420 (12.2) forbids a commit to update a leaf it removes, and mls-rs leaves such
+/// an update in a commit it builds when another member's update applies too; and an
+/// update whose leaf key is a joiner's would make the add fail. Either way the update is
+/// the one left out (its member proposes again in the next epoch).
+pub fn check_update(
+    removed: &[u32],
+    added_keys: &[Vec<u8>],
+    sender: &Sender,
+    update: &UpdateProposal,
+) -> Result<(), PolicyError> {
+    if matches!(sender, Sender::Member(index) if removed.contains(index)) {
+        return deny("a commit does not update a leaf it removes");
+    }
+    if added_keys.contains(&update_leaf_key(update)?) {
+        return deny("an update's leaf key is a joiner's");
+    }
+    Ok(())
+}
+
+fn malformed(e: mls_rs_codec::Error) -> PolicyError {
+    PolicyError(format!("cannot read a leaf node: {e}"))
+}
+
+/// The encryption key of an update proposal's new leaf: the first field of the leaf node
+/// it carries (mls-rs keeps the leaf node itself private).
+pub fn update_leaf_key(update: &UpdateProposal) -> Result<Vec<u8>, PolicyError> {
+    let encoded = update.mls_encode_to_vec().map_err(malformed)?;
+    let key = HpkePublicKey::mls_decode(&mut encoded.as_slice()).map_err(malformed)?;
+    Ok(key.as_ref().to_vec())
+}
+
+/// The encryption key of a key package's leaf: after its version, cipher suite and init
+/// key, the first field of its leaf node (private in mls-rs, like an update's).
+pub fn key_package_leaf_key(kp: &mls_rs::KeyPackage) -> Result<Vec<u8>, PolicyError> {
+    let encoded = kp.mls_encode_to_vec().map_err(malformed)?;
+    let mut rest = encoded.as_slice();
+    u16::mls_decode(&mut rest).map_err(malformed)?; // version
+    u16::mls_decode(&mut rest).map_err(malformed)?; // cipher suite
+    HpkePublicKey::mls_decode(&mut rest).map_err(malformed)?; // init key
+    let key = HpkePublicKey::mls_decode(&mut rest).map_err(malformed)?;
+    Ok(key.as_ref().to_vec())
 }
 
 fn keep<T>(lenient: bool, p: &ProposalInfo<T>, verdict: Result<(), PolicyError>) -> Result<bool, PolicyError> {
@@ -290,6 +350,12 @@ fn check_remove(c: &Checker, p: &ProposalInfo<mls_rs::group::proposal::RemovePro
     let target = c.member(target_index)?;
     if c.roles.role(&target) == Role::Owner {
         return deny("the owner cannot be removed, nor leave; hand ownership over first");
+    }
+    if target_index == c.committer_index {
+        // An admin's own leave proposal waits in its cache like anyone's; mls-rs drops it
+        // from the admin's commits, but only after these rules took the departing role
+        // away in a change no other member would see.
+        return deny("a committer does not remove itself; another admin commits its leave");
     }
     if p.sender == Sender::Member(target_index) {
         return Ok(()); // leaving: a member's own remove proposal, which an admin commits

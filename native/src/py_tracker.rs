@@ -164,7 +164,8 @@ impl PyTrackedGroup {
     }
 }
 
-/// What a validated handshake message did: ``kind`` is "commit", "leave" or "update".
+/// What a validated handshake message did: ``kind`` is "commit", "leave", "update" or
+/// "repeat" (a proposal the group holds already).
 #[pyclass(module = "svc_sdk._native", name = "Observed", frozen)]
 struct PyObserved(Observed);
 
@@ -176,6 +177,7 @@ impl PyObserved {
             Observed::Commit(_) => "commit",
             Observed::Leave { .. } => "leave",
             Observed::Update { .. } => "update",
+            Observed::Repeat { .. } => "repeat",
         }
     }
 
@@ -184,7 +186,7 @@ impl PyObserved {
     fn epoch(&self) -> u64 {
         match &self.0 {
             Observed::Commit(c) => c.epoch,
-            Observed::Leave { .. } | Observed::Update { .. } => 0,
+            Observed::Leave { .. } | Observed::Update { .. } | Observed::Repeat { .. } => 0,
         }
     }
 
@@ -193,7 +195,7 @@ impl PyObserved {
     fn sender<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         match &self.0 {
             Observed::Commit(c) => bytes(py, &c.committer),
-            Observed::Leave { member } | Observed::Update { member } => bytes(py, member),
+            Observed::Leave { member } | Observed::Update { member } | Observed::Repeat { member } => bytes(py, member),
         }
     }
 

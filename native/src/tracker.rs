@@ -16,7 +16,6 @@ use mls_rs::external_client::{ExternalClient, ExternalGroup, ExternalReceivedMes
 use mls_rs::group::proposal::Proposal;
 use mls_rs::group::{CommitEffect, ProposalSender, Sender};
 use mls_rs::{CipherSuiteProvider, CryptoProvider, WireFormat};
-use mls_rs_codec::{MlsDecode, MlsEncode};
 use mls_rs_core::crypto::HpkePublicKey;
 use mls_rs_core::extension::ExtensionType;
 use mls_rs_core::time::MlsTime;
@@ -26,7 +25,7 @@ use crate::engine::Crypto;
 use crate::error::{EngineError, Result};
 use crate::identity::{member_id_of, SvcIdentityProvider};
 use crate::message::parse;
-use crate::policy::{Role, RolesExt, SvcRules, ROLES_EXTENSION};
+use crate::policy::{key_package_leaf_key, update_leaf_key, PolicyError, Role, RolesExt, SvcRules, ROLES_EXTENSION};
 
 type TrackerConfig =
     WithIdentityProvider<SvcIdentityProvider, WithMlsRules<SvcRules, WithCryptoProvider<Crypto, ExternalBaseConfig>>>;
@@ -76,33 +75,10 @@ pub enum Observed {
     Update {
         member: Vec<u8>,
     },
-}
-
-fn malformed(what: &'static str) -> impl Fn(mls_rs_codec::Error) -> EngineError {
-    move |e| EngineError::Malformed {
-        what,
-        detail: e.to_string(),
-    }
-}
-
-/// The encryption key of an update proposal's new leaf: the first field of the leaf node
-/// it carries (mls-rs keeps the leaf node itself private).
-fn leaf_key(update: &mls_rs::group::proposal::UpdateProposal) -> Result<Vec<u8>> {
-    let encoded = update.mls_encode_to_vec().map_err(malformed("update proposal"))?;
-    let key = HpkePublicKey::mls_decode(&mut encoded.as_slice()).map_err(malformed("update proposal"))?;
-    Ok(key.as_ref().to_vec())
-}
-
-/// The encryption key of a key package's leaf: after its version, cipher suite and init
-/// key, the first field of its leaf node (private in mls-rs, like an update's).
-fn key_package_leaf_key(kp: &mls_rs::KeyPackage) -> Result<Vec<u8>> {
-    let encoded = kp.mls_encode_to_vec().map_err(malformed("key package"))?;
-    let mut rest = encoded.as_slice();
-    u16::mls_decode(&mut rest).map_err(malformed("key package"))?; // version
-    u16::mls_decode(&mut rest).map_err(malformed("key package"))?; // cipher suite
-    HpkePublicKey::mls_decode(&mut rest).map_err(malformed("key package"))?; // init key
-    let key = HpkePublicKey::mls_decode(&mut rest).map_err(malformed("key package"))?;
-    Ok(key.as_ref().to_vec())
+    /// A proposal the group holds already (a resent Publish): it changes nothing.
+    Repeat {
+        member: Vec<u8>,
+    },
 }
 
 /// Whether members can encrypt to `key` in suite `cipher_suite`: commits encrypt path
@@ -123,6 +99,10 @@ pub fn check_encryption_key(cipher_suite: u16, key: &[u8]) -> Result<()> {
     cs.hpke_seal(&key, b"svc relay: update key check", None, b"")
         .map_err(|e| rejected(format!("members cannot encrypt to the update's leaf key: {e}")))?;
     Ok(())
+}
+
+fn policy(e: PolicyError) -> EngineError {
+    rejected(e.0)
 }
 
 fn rejected(detail: impl Into<String>) -> EngineError {
@@ -267,7 +247,7 @@ impl TrackedGroup {
                             // The joiner's leaf key is what later commits encrypt to.
                             let suite = u16::from(kp.cipher_suite);
                             check_encryption_key(suite, kp.hpke_init_key.as_ref())?;
-                            check_encryption_key(suite, &key_package_leaf_key(kp)?)?;
+                            check_encryption_key(suite, &key_package_leaf_key(kp).map_err(policy)?)?;
                             let reference = kp
                                 .to_reference(&cs)
                                 .map_err(|e| EngineError::mls("key package ref", e))?;
@@ -298,7 +278,10 @@ impl TrackedGroup {
                         }
                     }
                     (ProposalSender::Member(index), Proposal::Update(update)) => {
-                        check_encryption_key(self.group.group_context().cipher_suite.into(), &leaf_key(update)?)?;
+                        check_encryption_key(
+                            self.group.group_context().cipher_suite.into(),
+                            &update_leaf_key(update).map_err(policy)?,
+                        )?;
                         Observed::Update {
                             member: before.member_at(*index),
                         }
@@ -330,6 +313,13 @@ impl TrackedGroup {
                     return Err(rejected(
                         "a member has one key update and one leave proposal per epoch; this epoch holds one already",
                     ));
+                }
+                if scratch.get_cached_proposals().len() == self.group.get_cached_proposals().len() {
+                    // The same proposal again (its reference is the key): nothing to store.
+                    let (Observed::Leave { member } | Observed::Update { member }) = observed else {
+                        unreachable!("a proposal")
+                    };
+                    return Ok(Observed::Repeat { member });
                 }
                 observed
             }

@@ -149,8 +149,10 @@ fn a_members_key_update_is_a_proposal_the_owner_commits() {
     let (g, mut tracked) = channel(&a, &b, &c);
     let proposal = g[1].propose_update().unwrap();
     assert!(matches!(tracked.process(&proposal).unwrap(), Observed::Update { member } if member == mid("bob")));
-    // Sent again (a resent Publish), the same proposal is the same reference.
-    tracked.process(&proposal).unwrap();
+    // Sent again (a resent Publish), the same proposal is the same reference: a repeat.
+    let before = tracked.snapshot().unwrap();
+    assert!(matches!(tracked.process(&proposal).unwrap(), Observed::Repeat { member } if member == mid("bob")));
+    assert_eq!(tracked.snapshot().unwrap(), before);
     for m in [&g[0], &g[2]] {
         assert!(matches!(m.process(&proposal).unwrap(), Received::Proposal { .. }));
     }
@@ -376,4 +378,114 @@ fn an_update_key_members_cannot_encrypt_to_is_refused() {
         assert!(err.to_string().contains("update's leaf"), "{err}");
     }
     assert!(_native::tracker::check_encryption_key(1, b"short").is_err());
+}
+
+/// Proposals reach the owner's cache (and the relay's) and wait there for a commit.
+fn proposed(p: &[u8], tracked: &mut TrackedGroup, members: &[&Arc<GroupHandle>]) {
+    tracked.process(p).unwrap();
+    for m in members {
+        assert!(matches!(m.process(p).unwrap(), Received::Proposal { .. }));
+    }
+}
+
+#[test]
+fn the_update_of_a_member_that_leaves_stays_out_of_the_commit() {
+    // mls-rs leaves it in when another member's update applies too, and every receiver
+    // would refuse the commit (RFC 9420: no update of a removed leaf).
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    let (update_b, leave_b, update_c) = (
+        g[1].propose_update().unwrap(),
+        g[1].propose_leave().unwrap(),
+        g[2].propose_update().unwrap(),
+    );
+    for p in [&update_b, &leave_b, &update_c] {
+        proposed(p, &mut tracked, &[&g[0], &g[2]]);
+    }
+    let commit = g[0].self_update().unwrap();
+    let info = g[0].apply_pending_commit().unwrap();
+    assert_eq!(info.updated, vec![mid("carol")]);
+    let Observed::Commit(event) = deliver(&commit.commit, &mut tracked, &[&g[2]]) else {
+        panic!("expected a commit");
+    };
+    assert_eq!(event.left, vec![mid("bob")]);
+}
+
+#[test]
+fn removing_a_member_whose_update_waits_leaves_the_update_out() {
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    for p in [g[1].propose_update().unwrap(), g[2].propose_update().unwrap()] {
+        proposed(&p, &mut tracked, &[&g[0]]);
+    }
+    let removal = g[0].remove_members(&[mid("bob")]).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    let Observed::Commit(event) = tracked.process(&removal.commit).unwrap() else {
+        panic!("expected a commit");
+    };
+    assert_eq!(event.removed, vec![mid("bob")]);
+}
+
+#[test]
+fn an_admin_with_its_own_leave_pending_commits_without_it() {
+    // Its rules used to take its role away in that commit, in a change that mls-rs then
+    // left out with the admin's own removal: the others could not process the commit.
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    let promote = g[0].set_role(&mid("bob"), Role::Admin).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&promote.commit, &mut tracked, &[&g[1], &g[2]]);
+    let leave = g[1].propose_leave().unwrap();
+    proposed(&leave, &mut tracked, &[&g[0], &g[2]]);
+    let update = g[2].propose_update().unwrap();
+    proposed(&update, &mut tracked, &[&g[0], &g[1]]);
+
+    let commit = g[1].self_update().unwrap();
+    g[1].apply_pending_commit().unwrap();
+    let Observed::Commit(event) = deliver(&commit.commit, &mut tracked, &[&g[0], &g[2]]) else {
+        panic!("expected a commit");
+    };
+    assert!(event.left.is_empty() && !event.roles_changed);
+    assert_eq!(g[0].roles().unwrap().role(&mid("bob")), Role::Admin);
+    // The owner commits bob's leave when he proposes again in the new epoch.
+    let leave = g[1].propose_leave().unwrap();
+    proposed(&leave, &mut tracked, &[&g[0], &g[2]]);
+    let commit = g[0].self_update().unwrap();
+    g[0].apply_pending_commit().unwrap();
+    let Observed::Commit(event) = deliver(&commit.commit, &mut tracked, &[&g[2]]) else {
+        panic!("expected a commit");
+    };
+    assert_eq!(event.left, vec![mid("bob")]);
+}
+
+#[test]
+fn an_update_whose_leaf_key_is_a_joiners_stays_out_of_the_commit() {
+    // Join requests are in the channel's log, so a member can copy a joiner's leaf key
+    // into its update (no private key needed); the add would then fail as a duplicate.
+    use _native::policy::{check_update, key_package_leaf_key, update_leaf_key};
+    use mls_rs::group::proposal::UpdateProposal;
+    use mls_rs::group::Sender;
+    use mls_rs_codec::{MlsDecode, MlsEncode};
+
+    let joiner = agent("dave");
+    let kp = MlsMessage::from_bytes(&joiner.engine.generate_key_package().unwrap())
+        .unwrap()
+        .into_key_package()
+        .unwrap();
+    // The key package's leaf node, read as an update (an update is its leaf node).
+    let encoded = kp.mls_encode_to_vec().unwrap();
+    let mut rest = &encoded[4..]; // version, cipher suite
+    let init_key = Vec::<u8>::mls_decode(&mut rest).unwrap();
+    assert_eq!(init_key, kp.hpke_init_key.as_ref());
+    let copied = UpdateProposal::mls_decode(&mut rest).unwrap();
+    let joiner_key = key_package_leaf_key(&kp).unwrap();
+    assert_eq!(update_leaf_key(&copied).unwrap(), joiner_key);
+    assert_ne!(joiner_key, init_key);
+
+    let bob = Sender::Member(1);
+    let err = check_update(&[], std::slice::from_ref(&joiner_key), &bob, &copied).unwrap_err();
+    assert!(err.to_string().contains("a joiner's"), "{err}");
+    let err = check_update(&[1], &[], &bob, &copied).unwrap_err();
+    assert!(err.to_string().contains("removes"), "{err}");
+    check_update(&[2], &[b"another key".to_vec()], &bob, &copied).unwrap();
 }

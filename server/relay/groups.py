@@ -189,9 +189,9 @@ class Groups:
         return frozenset() if found is None else found.accounts
 
     async def validate(self, channel: str, message: bytes, epoch: int) -> Validated:
-        """Validates a commit or leave proposal for ``epoch`` against the stored group, on
-        a copy: the cached group changes only through ``accepted``. Call under
-        ``lock(channel)``."""
+        """Validates a commit or a member's proposal for ``epoch`` against the stored
+        group, on a copy: the cached group changes only through ``accepted``. Call under
+        ``lock(channel)``. A repeated proposal (kind "repeat") comes with no state."""
         found = await self.current(channel)
         if found is None:
             raise Invalid(
@@ -204,6 +204,8 @@ class Groups:
         observed = await self._with_anchors(after.process, message)
         assert isinstance(observed, Observed)
         used = found.used
+        if observed.kind == "repeat":  # changes nothing: no state to pack
+            return Validated(observed, found.group, found.group.roles(), found.version, b"", used)
         if observed.added:
             # By init key, not KeyPackageRef: a copy of a key package whose signature is
             # encoded another way (ECDSA's s and n - s both verify) has another ref.

@@ -268,10 +268,10 @@ class StreamSession:
             if content == "proposal":
                 if count != 1:
                     raise RequestError(INVALID, "a proposal travels alone in its Publish")
-                entry = await self._propose(req.channel, message, epoch or 0)
+                seq = await self._propose(req.channel, message, epoch or 0)
                 self.relay.metrics.messages.labels("proposal").inc()
                 self.relay.metrics.bytes.inc(len(message))
-                self.reply(request_id, seq=entry.seq)
+                self.reply(request_id, seq=seq)
                 return
             if wire != "private_message" or content != "application":
                 raise RequestError(
@@ -294,13 +294,19 @@ class StreamSession:
         else:
             self.spawn(self._reply_when_stored(request_id, stored))
 
-    async def _propose(self, channel: str, proposal: bytes, epoch: int) -> Entry:
-        """A member's proposal to leave: validated, then stored in the log together with
-        the tracked group that holds it, so that the commit carrying it validates too and
-        the tracked group never holds a proposal the members cannot read."""
+    async def _propose(self, channel: str, proposal: bytes, epoch: int) -> int:
+        """A member's proposal (its leave or key update): validated, then stored in the
+        log together with the tracked group that holds it, so that the commit carrying it
+        validates too and the tracked group never holds a proposal the members cannot
+        read. Returns its seq. One the group holds already (a Publish resent after a lost
+        Reply) is acknowledged with the channel's head and not stored again: storing
+        would write the whole group state for nothing."""
         groups = self.relay.groups
         async with groups.lock(channel):
             v = await self._validated(channel, proposal, epoch)
+            if v.observed.kind == "repeat":
+                head, _ = await self.relay.store.head(channel)
+                return head
             try:
                 entry = await self.relay.store.propose(
                     channel, self.member, epoch, proposal, (v.version, v.snapshot)
@@ -310,7 +316,7 @@ class StreamSession:
                 current = exc.current_epoch if isinstance(exc, StaleMessages) else epoch
                 raise RequestError(STALE, str(exc), epoch=current) from None
             groups.accepted(channel, v)
-        return entry
+        return entry.seq
 
     async def _reply_when_stored(
         self, request_id: int, stored: asyncio.Future[list[Entry]]
