@@ -46,6 +46,8 @@ class Commits:
         self.echoed = False
         #: The epoch of the last commit that applied this agent's update proposal.
         self.updated_epoch = 0
+        #: (epoch, proposal): this agent's update proposal of that epoch.
+        self.update_proposal: tuple[int, bytes] | None = None
         self._one_at_a_time = threading.Lock()
 
     @property

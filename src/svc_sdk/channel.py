@@ -408,7 +408,7 @@ class Channel:
         wait = self._client.timeout if timeout is None else timeout
         start = self._group.epoch
         if not self._commits.propose_until(
-            self._group.propose_update,
+            self._update_proposal,
             lambda: self._commits.updated_epoch > start,
             time.monotonic() + wait,
         ):
@@ -417,6 +417,18 @@ class Channel:
                 f"channel {self.name!r}: no owner or admin committed this agent's key update "
                 f"within {wait:g} s"
             )
+
+    def _update_proposal(self) -> bytes:
+        """This agent's update proposal in the current epoch (caller holds the lock): the
+        one made before in this epoch if any, since the relay holds one per member and
+        epoch (sent again, it is the same proposal)."""
+        epoch = self._group.epoch
+        made = self._commits.update_proposal
+        if made is not None and made[0] == epoch:
+            return made[1]
+        proposal = self._group.propose_update()
+        self._commits.update_proposal = (epoch, proposal)
+        return proposal
 
     def _is_admin(self) -> bool:
         """Whether this agent is the channel's owner or an admin: who commits."""

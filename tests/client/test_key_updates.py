@@ -67,3 +67,20 @@ def test_a_plain_members_renewed_credential_reaches_the_channel(
         chan_b.send(b"under the renewed credential")
         assert take(chan_a, 1) == [b"under the renewed credential"]
         assert chan_a.members() == chan_b.members() == [ca.agent_id, cb.agent_id]
+
+
+def test_update_keys_again_in_the_same_epoch_sends_the_same_proposal(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """The relay holds one update proposal per member and epoch: called again after a
+    timeout, update_keys() publishes the one it made, and the owner commits it."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        epoch = chan_b.epoch
+        with pytest.raises(TransportError, match="no owner or admin committed"):
+            chan_b.update_keys(timeout=0.5)
+        made = chan_b._commits.update_proposal
+        assert made is not None and made[0] == epoch
+        with listening(chan_a):
+            chan_b.update_keys()
+        assert chan_b._commits.updated_epoch == chan_b.epoch == epoch + 1
