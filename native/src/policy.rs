@@ -278,8 +278,21 @@ fn check(
         .iter()
         .map(|p| key_package_leaf_key(p.proposal.key_package()))
         .collect::<Result<_, _>>()?;
+    let mut updates = 0;
     proposals.retain_by_type::<UpdateProposal, _, _>(|p| {
-        keep(lenient, p, check_update(&removed, &added_keys, &p.sender, &p.proposal))
+        let verdict = check_update(&removed, &added_keys, &p.sender, &p.proposal).and_then(|()| {
+            // mls-rs applies a commit's updates together and, when one fails (a leaf key
+            // that duplicates another's, which two members can arrange between their
+            // updates), cannot undo the others in the committer's tree: its commit and
+            // state then disagree with everyone's. One update per commit always undoes.
+            updates += 1;
+            if updates > 1 {
+                deny("a commit carries one member's key update; the others wait for the next")
+            } else {
+                Ok(())
+            }
+        });
+        keep(lenient, p, verdict)
     })?;
     if proposals.psk_proposals().len()
         + proposals.reinit_proposals().len()

@@ -489,3 +489,29 @@ fn an_update_whose_leaf_key_is_a_joiners_stays_out_of_the_commit() {
     assert!(err.to_string().contains("removes"), "{err}");
     check_update(&[2], &[b"another key".to_vec()], &bob, &copied).unwrap();
 }
+
+#[test]
+fn a_commit_carries_one_members_key_update_and_the_next_the_other() {
+    // mls-rs cannot undo one of several updates that fail together (two members can make
+    // theirs collide on purpose), so each commit carries one.
+    let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
+    let (g, mut tracked) = channel(&a, &b, &c);
+    proposed(&g[1].propose_update().unwrap(), &mut tracked, &[&g[0], &g[2]]);
+    proposed(&g[2].propose_update().unwrap(), &mut tracked, &[&g[0], &g[1]]);
+    let commit = g[0].self_update().unwrap();
+    let first = g[0].apply_pending_commit().unwrap().updated;
+    assert_eq!(first.len(), 1);
+    deliver(&commit.commit, &mut tracked, &[&g[1], &g[2]]);
+    // The other proposes again in the new epoch; the next commit carries it.
+    let (waiting, other) = if first == vec![mid("bob")] {
+        (&g[2], &g[1])
+    } else {
+        (&g[1], &g[2])
+    };
+    proposed(&waiting.propose_update().unwrap(), &mut tracked, &[&g[0], other]);
+    let commit = g[0].self_update().unwrap();
+    let second = g[0].apply_pending_commit().unwrap().updated;
+    assert_eq!(second.len(), 1);
+    assert_ne!(first, second);
+    deliver(&commit.commit, &mut tracked, &[&g[1], &g[2]]);
+}
