@@ -76,6 +76,13 @@ fn channel(a: &Agent, b: &Agent, c: &Agent) -> (Vec<Arc<GroupHandle>>, TrackedGr
     (handles, tracked)
 }
 
+/// alice (the owner) makes bob an admin; the relay and every member follow.
+fn make_bob_admin(g: &[Arc<GroupHandle>], tracked: &mut TrackedGroup) {
+    let promote = g[0].set_role(&mid("bob"), Role::Admin).unwrap();
+    g[0].apply_pending_commit().unwrap();
+    deliver(&promote.commit, tracked, &[&g[1], &g[2]]);
+}
+
 #[test]
 fn the_tracker_follows_adds_and_knows_the_welcome_recipients() {
     let (a, b) = (agent("alice"), agent("bob"));
@@ -185,9 +192,7 @@ fn a_member_has_one_update_and_one_leave_proposal_per_epoch() {
 fn the_owner_is_never_removed_and_hands_ownership_over() {
     let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
     let (g, mut tracked) = channel(&a, &b, &c);
-    let promote = g[0].set_role(&mid("bob"), Role::Admin).unwrap();
-    g[0].apply_pending_commit().unwrap();
-    deliver(&promote.commit, &mut tracked, &[&g[1], &g[2]]);
+    make_bob_admin(&g, &mut tracked);
     assert_eq!(g[2].roles().unwrap().role(&mid("bob")), Role::Admin);
 
     // An admin removes members, but not the owner, and cannot take ownership.
@@ -216,9 +221,7 @@ fn the_owner_is_never_removed_and_hands_ownership_over() {
 fn a_leaving_admin_takes_its_role_along() {
     let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
     let (g, mut tracked) = channel(&a, &b, &c);
-    let promote = g[0].set_role(&mid("bob"), Role::Admin).unwrap();
-    g[0].apply_pending_commit().unwrap();
-    deliver(&promote.commit, &mut tracked, &[&g[1], &g[2]]);
+    make_bob_admin(&g, &mut tracked);
 
     let leave = g[1].propose_leave().unwrap();
     assert!(matches!(tracked.process(&leave).unwrap(), Observed::Leave { member } if member == mid("bob")));
@@ -432,9 +435,7 @@ fn an_admin_with_its_own_leave_pending_commits_without_it() {
     // left out with the admin's own removal: the others could not process the commit.
     let (a, b, c) = (agent("alice"), agent("bob"), agent("carol"));
     let (g, mut tracked) = channel(&a, &b, &c);
-    let promote = g[0].set_role(&mid("bob"), Role::Admin).unwrap();
-    g[0].apply_pending_commit().unwrap();
-    deliver(&promote.commit, &mut tracked, &[&g[1], &g[2]]);
+    make_bob_admin(&g, &mut tracked);
     let leave = g[1].propose_leave().unwrap();
     proposed(&leave, &mut tracked, &[&g[0], &g[2]]);
     let update = g[2].propose_update().unwrap();
