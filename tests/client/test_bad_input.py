@@ -82,6 +82,11 @@ def test_channel_calls(stack: LocalStack, channel_name: str, ids: Any) -> None:
                 chan_b.next_messages(timeout)
         with pytest.raises(TypeError, match="timeout must be seconds or None"):
             chan_b.messages(timeout=True)
+        for bad in (-1, float("nan")):
+            with pytest.raises(ValueError, match="timeout must be 0 or more seconds"):
+                chan_b.update_keys(timeout=bad)
+        with pytest.raises(TypeError, match="timeout must be seconds or None, not str"):
+            chan_b.update_keys(timeout="soon")  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="accept must be a callable or None, not int"):
             chan_b.next_messages(0.1, accept=5)  # type: ignore[arg-type]
         for limit in (0, -3, 1.5, True):
