@@ -402,6 +402,7 @@ class Channel:
         client's timeout) for that commit. TransportError if none came: the keys are
         unchanged, and the proposal may still be committed while its epoch lasts."""
         check_wait(timeout, None)
+        self._check_open()
         if self._is_admin():
             self._commits.commit(self._group.self_update)
             return

@@ -97,6 +97,9 @@ def test_channel_calls(stack: LocalStack, channel_name: str, ids: Any) -> None:
         assert take(chan_b, 1) == [b"still works"]
     with pytest.raises(ChannelClosedError, match="^runtime error: the client is closed"):
         chan_a.send(b"after close")
+    for closed in (chan_a, chan_b):  # an owner's commit, a plain member's proposal
+        with pytest.raises(ChannelClosedError, match="^runtime error: the client is closed"):
+            closed.update_keys()
     # The calls that go to the account API, too (they raised httpx's bare RuntimeError
     # "Cannot send a request, as the client has been closed"; tests/client/
     # test_error_contract.py found it).
