@@ -306,11 +306,12 @@ fn check(
     Ok(proposals)
 }
 
-/// Whether a commit may carry update `p`, given the leaves it removes and the leaf keys
-/// of the key packages it adds. RFC 9420 (12.2) forbids a commit to update a leaf it removes, and mls-rs leaves such
-/// an update in a commit it builds when another member's update applies too; and an
-/// update whose leaf key is a joiner's would make the add fail. Either way the update is
-/// the one left out (its member proposes again in the next epoch).
+/// Whether a commit may carry `sender`'s `update`, given the leaves it removes and the
+/// leaf keys of the key packages it adds. RFC 9420 (12.2) forbids a commit to update a
+/// leaf it removes, and mls-rs leaves such an update in a commit it builds when another
+/// member's update applies too; and an update whose leaf key is a joiner's would make
+/// the add fail. Either way the update is the one left out (its member proposes again
+/// in the next epoch).
 pub fn check_update(
     removed: &[u32],
     added_keys: &[Vec<u8>],

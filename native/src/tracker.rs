@@ -86,18 +86,16 @@ pub enum Observed {
 /// small order, say), from a plain member's update or a joiner's key package, would make
 /// every later commit fail to build, and with it every admin's add, removal and role
 /// change. The relay tries the encryption itself before it accepts the leaf.
-pub fn check_encryption_key(cipher_suite: u16, key: &[u8]) -> Result<()> {
+/// `what` names the key in the refusal.
+pub fn check_encryption_key(cipher_suite: u16, key: &[u8], what: &str) -> Result<()> {
     let cs = Crypto::default()
         .cipher_suite_provider(cipher_suite.into())
         .ok_or_else(|| rejected("unsupported cipher suite"))?;
     let key = HpkePublicKey::from(key.to_vec());
-    cs.kem_public_key_validate(&key).map_err(|e| {
-        rejected(format!(
-            "the update's leaf encryption key is not a valid public key: {e}"
-        ))
-    })?;
-    cs.hpke_seal(&key, b"svc relay: update key check", None, b"")
-        .map_err(|e| rejected(format!("members cannot encrypt to the update's leaf key: {e}")))?;
+    cs.kem_public_key_validate(&key)
+        .map_err(|e| rejected(format!("{what} is not a valid public key: {e}")))?;
+    cs.hpke_seal(&key, b"svc relay: key check", None, b"")
+        .map_err(|e| rejected(format!("members cannot encrypt to {what}: {e}")))?;
     Ok(())
 }
 
@@ -246,8 +244,9 @@ impl TrackedGroup {
                             let kp = add.key_package();
                             // The joiner's leaf key is what later commits encrypt to.
                             let suite = u16::from(kp.cipher_suite);
-                            check_encryption_key(suite, kp.hpke_init_key.as_ref())?;
-                            check_encryption_key(suite, &key_package_leaf_key(kp).map_err(policy)?)?;
+                            check_encryption_key(suite, kp.hpke_init_key.as_ref(), "an added key package's init key")?;
+                            let leaf_key = key_package_leaf_key(kp).map_err(policy)?;
+                            check_encryption_key(suite, &leaf_key, "an added key package's leaf key")?;
                             let reference = kp
                                 .to_reference(&cs)
                                 .map_err(|e| EngineError::mls("key package ref", e))?;
@@ -281,6 +280,7 @@ impl TrackedGroup {
                         check_encryption_key(
                             self.group.group_context().cipher_suite.into(),
                             &update_leaf_key(update).map_err(policy)?,
+                            "the update's leaf key",
                         )?;
                         Observed::Update {
                             member: before.member_at(*index),

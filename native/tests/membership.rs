@@ -372,15 +372,20 @@ fn an_update_key_members_cannot_encrypt_to_is_refused() {
         .cipher_suite_provider(CipherSuite::CURVE25519_AES128)
         .unwrap();
     let (_, good) = cs.kem_generate().unwrap();
-    _native::tracker::check_encryption_key(1, good.as_ref()).unwrap();
+    let check = |key: &[u8]| _native::tracker::check_encryption_key(1, key, "the update's leaf key");
+    check(good.as_ref()).unwrap();
     // Points of small order give an all-zero shared secret, which X25519 refuses.
     let mut one = [0u8; 32];
     one[0] = 1;
     for bad in [[0u8; 32], one] {
-        let err = _native::tracker::check_encryption_key(1, &bad).unwrap_err();
-        assert!(err.to_string().contains("update's leaf"), "{err}");
+        let err = check(&bad).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("members cannot encrypt to the update's leaf key"),
+            "{err}"
+        );
     }
-    assert!(_native::tracker::check_encryption_key(1, b"short").is_err());
+    assert!(check(b"short").is_err());
 }
 
 /// Proposals reach the owner's cache (and the relay's) and wait there for a commit.
