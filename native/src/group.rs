@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use mls_rs::group::proposal::Proposal;
 use mls_rs::group::{CommitEffect, CommitMessageDescription, ReceivedMessage, Sender};
+use mls_rs::identity::SigningIdentity;
 use mls_rs::{Group, WireFormat};
 
 use crate::engine::{Agent, Config, MlsClient};
@@ -571,16 +572,21 @@ impl GroupHandle {
     /// agent's credential is missing or not valid now: mls-rs would not check it.
     fn commit_builder<'a>(&self, g: &'a mut MlsGroup) -> Result<mls_rs::group::CommitBuilder<'a, Config>> {
         let current = self.agent.usable()?;
-        let stale = g
-            .current_member_signing_identity()
-            .map_err(|e| EngineError::mls("own leaf", e))?
-            != &current;
+        let stale = Self::leaf_is_stale(g, &current)?;
         let builder = g.commit_builder().commit_time(mls_rs_core::time::MlsTime::now());
         Ok(if stale {
             builder.set_new_signing_identity(self.agent.secret_key.clone(), current)
         } else {
             builder
         })
+    }
+
+    /// Whether this agent's leaf still carries an older credential than `current`.
+    fn leaf_is_stale(g: &MlsGroup, current: &SigningIdentity) -> Result<bool> {
+        let leaf = g
+            .current_member_signing_identity()
+            .map_err(|e| EngineError::mls("own leaf", e))?;
+        Ok(leaf != current)
     }
 
     fn finish_commit(g: &mut MlsGroup, out: mls_rs::group::CommitOutput) -> Result<PendingCommit> {
@@ -749,11 +755,7 @@ impl GroupHandle {
         let current = self.agent.usable()?;
         self.mutate(|g| {
             Self::ensure_no_pending(g)?;
-            let stale = g
-                .current_member_signing_identity()
-                .map_err(|e| EngineError::mls("own leaf", e))?
-                != &current;
-            let msg = if stale {
+            let msg = if Self::leaf_is_stale(g, &current)? {
                 g.propose_update_with_identity(self.agent.secret_key.clone(), current, Vec::new())
             } else {
                 g.propose_update(Vec::new())
