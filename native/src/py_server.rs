@@ -5,6 +5,7 @@
 
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 use crate::transport::{RelayServer, ServerConfig, ServerStream, TransportError as SetupError, Written, SERVICE};
@@ -149,9 +150,10 @@ impl PyServerStream {
     }
 
     /// Queues an encoded ServerFrame: 0 queued, 1 refused for now (the client is not
-    /// reading; wait for an event with `writable`), 2 the stream is over.
-    fn write(&self, frame: &[u8]) -> u8 {
-        match self.inner.write(bytes::Bytes::copy_from_slice(frame)) {
+    /// reading; wait for an event with `writable`), 2 the stream is over. A `bytes`
+    /// frame is not copied: the queue keeps the object alive until it is sent.
+    fn write(&self, frame: PyBackedBytes) -> u8 {
+        match self.inner.write(bytes::Bytes::from_owner(frame)) {
             Written::Queued => 0,
             Written::Full => 1,
             Written::Ended => 2,

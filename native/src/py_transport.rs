@@ -8,6 +8,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyValueError;
 use pyo3::import_exception;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 use crate::py_frames::event_of;
@@ -130,9 +131,10 @@ impl PyRelayStream {
         })
     }
 
-    /// Queues an encoded ClientFrame; False once the stream has ended or been closed.
-    fn write(&self, frame: &[u8]) -> bool {
-        self.inner.write(bytes::Bytes::copy_from_slice(frame))
+    /// Queues an encoded ClientFrame; False once the stream has ended or been closed. A
+    /// `bytes` frame is not copied: the queue keeps the object alive until it is sent.
+    fn write(&self, frame: PyBackedBytes) -> bool {
+        self.inner.write(bytes::Bytes::from_owner(frame))
     }
 
     /// Cancels the stream.
