@@ -1,6 +1,7 @@
 //! PyO3 bindings of the relay protocol's frames (`frames.rs`): one encoder per request
 //! kind and one decoder of the relay's frames, for `svc_sdk.relay_frames`, which wraps
-//! them in typed Python classes. An agent then loads no protobuf runtime.
+//! them in typed Python classes (an agent then loads no protobuf runtime); and the
+//! relay's encoder of a delivery, through `svc_sdk.protocol`.
 
 use bytes::Bytes;
 use prost::Message;
@@ -10,8 +11,8 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::frames::{
-    decode_event, ClientFrame, Commit, CreateChannel, Event, JoinRequest, Publish, Refresh, Request, Subscribe,
-    Unsubscribe,
+    decode_event, ClientFrame, Commit, CreateChannel, Delivery, Event, JoinRequest, Publish, Refresh, Request,
+    Subscribe, Unsubscribe,
 };
 
 /// A Python `bytes` as `Bytes`, without copying it (the object is kept alive instead).
@@ -113,6 +114,34 @@ fn encode_join<'py>(
     encoded(py, request_id, Request::Join(JoinRequest { channel, join_id }))
 }
 
+/// One `Delivery`, every field but `subscription`, as the relay encodes a stored message
+/// once for all its subscribers: the message is copied once, into the returned `bytes`.
+#[pyfunction]
+fn encode_delivery<'py>(
+    py: Python<'py>,
+    channel: String,
+    seq: u64,
+    message: PyBackedBytes,
+    sender: PyBackedBytes,
+    handshake: bool,
+    epoch: u64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let delivery = Delivery {
+        channel,
+        seq,
+        message: shared(message),
+        sender: shared(sender),
+        handshake,
+        epoch,
+        subscription: 0,
+    };
+    PyBytes::new_with(py, delivery.encoded_len(), |mut buf: &mut [u8]| {
+        delivery
+            .encode(&mut buf)
+            .map_err(|e| PyValueError::new_err(format!("cannot encode the delivery: {e}")))
+    })
+}
+
 /// A ServerFrame as `(kind, fields)`: kind 1 a Reply `(request_id, code, message, seq,
 /// epoch, head_seq, cipher_suite)`, 2 deliveries (a list of `(channel, seq, message,
 /// sender, handshake, epoch, subscription)`), 3 a Welcome `(channel, welcome, seq,
@@ -171,6 +200,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_commit, m)?)?;
     m.add_function(wrap_pyfunction!(encode_refresh, m)?)?;
     m.add_function(wrap_pyfunction!(encode_join, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_delivery, m)?)?;
     m.add_function(wrap_pyfunction!(decode_server_frame, m)?)?;
     Ok(())
 }

@@ -8,6 +8,7 @@ import functools
 from collections import deque
 from collections.abc import Iterator, Sequence
 
+from svc_sdk.protocol import encode_delivery
 from svc_sdk.protocol import relay_pb2 as pb
 
 from .store import Entry, WelcomeEntry
@@ -50,14 +51,9 @@ Encoded = tuple[tuple[bytes, ...], bytes]
 def encode_item(entry: Entry) -> Encoded:
     """One Delivery's fields but its subscription, with the item headers by tail length
     (see :data:`Encoded`)."""
-    body: bytes = pb.Delivery(
-        channel=entry.channel,
-        seq=entry.seq,
-        message=entry.message,
-        sender=entry.sender,
-        handshake=entry.handshake,
-        epoch=entry.epoch,
-    ).SerializeToString()
+    body = encode_delivery(
+        entry.channel, entry.seq, entry.message, entry.sender, entry.handshake, entry.epoch
+    )
     return _item_heads(len(body)), body
 
 
@@ -81,11 +77,12 @@ def frame_item(item: Encoded, tail: bytes) -> tuple[bytes, bytes, bytes]:
     return heads[len(tail)], body, tail
 
 
-def deliveries_frame(pieces: list[bytes]) -> bytes:
-    """A serialized ``ServerFrame{deliveries}`` (field 2) from :func:`frame_item` pieces.
-    The one join is the only copy of the shared bodies."""
-    joined = b"".join(pieces)
-    return b"\x12" + _varint(len(joined)) + joined
+def deliveries_frame(pieces: list[bytes], size: int) -> bytes:
+    """A serialized ``ServerFrame{deliveries}`` (field 2) from :func:`frame_item` pieces
+    of ``size`` bytes in all. The one join, header included, is the only copy of the
+    shared bodies: joining first and prepending the header copied a frame of 16 KiB
+    messages twice, ~7 µs a delivery (its fresh 256 KiB pages faulted in again)."""
+    return b"".join((b"\x12" + _varint(size), *pieces))
 
 
 class Outbox:
@@ -166,10 +163,11 @@ class Outbox:
             size = 0
             while self._deliveries and count < MAX_BATCH and size < MAX_BATCH_BYTES:
                 (heads, body), tail, _, _ = self._deliveries.popleft()
-                size += len(body)
-                pieces += (heads[len(tail)], body, tail)  # frame_item, inlined
+                head = heads[len(tail)]
+                size += len(head) + len(body) + len(tail)
+                pieces += (head, body, tail)  # frame_item, inlined
                 count += 1
-            frames.append(deliveries_frame(pieces))
+            frames.append(deliveries_frame(pieces, size))
             if len(self._deliveries) < self.limit // 2:
                 self._room.set()
         return frames, count, oldest

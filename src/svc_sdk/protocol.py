@@ -1,7 +1,7 @@
 """What the client library and the servers (``svc_server``: account API and relay) share:
 the relay's wire messages, channel names, agent ids, the agent credential's wire format,
-the MLS engine calls the servers make, the relay's native gRPC server, and the event
-loop both run on.
+the MLS engine calls the servers make, the relay's native gRPC server and its encoder of
+deliveries, and the event loop both run on.
 
 The servers import this module and nothing else of ``svc_sdk``; ``tests/test_layout.py``
 holds them to it. Everything here is a stable name for something defined in the library
@@ -28,6 +28,7 @@ from svc_sdk._native import (
     Roles,
     ServerStream,
     TrackedGroup,
+    encode_delivery,
     inspect,
     verify_agent_credential,
 )
@@ -63,6 +64,7 @@ __all__ = [
     "Roles",
     "ServerStream",
     "TrackedGroup",
+    "encode_delivery",
     "inspect",
     "is_valid_channel_name",
     "new_event_loop",

@@ -1,7 +1,8 @@
 """The agent's frame codec (svc_sdk/relay_frames.py over native/src/frames.rs) against
 the relay's: the generated protobuf module the relay parses and writes with. Every
 request encodes to the bytes protobuf would write, every ServerFrame decodes to the
-fields protobuf reads, and bytes that are not a frame are a ValueError, never a crash."""
+fields protobuf reads, and bytes that are not a frame are a ValueError, never a crash.
+The relay's one native encoder, of a delivery, writes the bytes protobuf would."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.protocol import encode_delivery
 from svc_sdk.relay_frames import (
     MAX_FRAME,
     Commit,
@@ -44,6 +46,17 @@ requests = st.one_of(
     st.builds(Refresh, text),
     st.builds(JoinRequest, text, text),
 )
+
+
+@settings(max_examples=300, deadline=None)
+@given(text, u64, st.binary(max_size=20000), blob, st.booleans(), u64)
+def test_a_delivery_encodes_as_protobuf_writes_it(
+    channel: str, seq: int, message: bytes, sender: bytes, handshake: bool, epoch: int
+) -> None:
+    expected = pb.Delivery(
+        channel=channel, seq=seq, message=message, sender=sender, handshake=handshake, epoch=epoch
+    ).SerializeToString()
+    assert encode_delivery(channel, seq, message, sender, handshake, epoch) == expected
 
 
 def as_protobuf(request: object) -> pb.ClientFrame:

@@ -168,7 +168,7 @@ def test_a_frame_decodes_to_the_deliveries_it_was_built_from() -> None:
         for e, sub in zip(entries, subs, strict=True)
         for piece in frame_item(encode_item(e), subscription_tail(sub))
     ]
-    frame = pb.ServerFrame.FromString(deliveries_frame(pieces))
+    frame = pb.ServerFrame.FromString(deliveries_frame(pieces, sum(map(len, pieces))))
     got = [
         (d.seq, d.sender, d.handshake, d.epoch, d.message, d.subscription)
         for d in frame.deliveries.items
