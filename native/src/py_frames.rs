@@ -1,7 +1,8 @@
 //! PyO3 bindings of the relay protocol's frames (`frames.rs`): one encoder per request
 //! kind and one decoder of the relay's frames, for `svc_sdk.relay_frames`, which wraps
-//! them in typed Python classes (an agent then loads no protobuf runtime); and the
-//! relay's encoder of a delivery, through `svc_sdk.protocol`.
+//! them in typed Python classes (an agent then loads no protobuf runtime); and, for the
+//! relay through `svc_sdk.protocol`, the frames of its hot path: a Publish decoded, a
+//! Reply and a delivery encoded.
 
 use bytes::Bytes;
 use prost::Message;
@@ -11,8 +12,8 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::frames::{
-    decode_event, ClientFrame, Commit, CreateChannel, Delivery, Event, JoinRequest, Publish, Refresh, Request,
-    Subscribe, Unsubscribe,
+    decode_event, ClientFrame, Commit, CreateChannel, Delivery, Event, JoinRequest, Publish, Refresh, Reply, Request,
+    ServerFrame, Subscribe, Unsubscribe,
 };
 
 /// A Python `bytes` as `Bytes`, without copying it (the object is kept alive instead).
@@ -142,6 +143,71 @@ fn encode_delivery<'py>(
     })
 }
 
+/// A `ServerFrame` holding one Reply: what the relay answers each request with.
+#[pyfunction]
+#[pyo3(signature = (request_id, code, message, seq=0, epoch=0, head_seq=0, cipher_suite=0))]
+#[allow(clippy::too_many_arguments)]
+fn encode_reply<'py>(
+    py: Python<'py>,
+    request_id: u64,
+    code: i32,
+    message: String,
+    seq: u64,
+    epoch: u64,
+    head_seq: u64,
+    cipher_suite: u32,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let frame = ServerFrame {
+        kind: Some(Event::Reply(Reply {
+            request_id,
+            code,
+            message,
+            seq,
+            epoch,
+            head_seq,
+            cipher_suite,
+        })),
+    };
+    PyBytes::new_with(py, frame.encoded_len(), |mut buf: &mut [u8]| {
+        frame
+            .encode(&mut buf)
+            .map_err(|e| PyValueError::new_err(format!("cannot encode the reply: {e}")))
+    })
+}
+
+/// The most messages (and ids) of a Publish `publish_of` decodes: the relay's own limit
+/// (`MAX_PUBLISH_BATCH`). A frame of more is left to the generated module, which the relay
+/// refuses it with, so that tiny messages in a large frame never become a Python object
+/// each.
+pub const MAX_DECODED_PUBLISH: usize = 1024;
+
+/// A client's frame as the relay's Python takes it: a Publish as `(request_id, channel,
+/// messages, message_ids)`, each message copied once out of `frame` into its own `bytes`;
+/// None for any other frame, a Publish of more than `MAX_DECODED_PUBLISH` messages or
+/// ids, or bytes that are not a ClientFrame, which the relay parses with its generated
+/// module (and refuses as that module does).
+pub(crate) fn publish_of<'py>(py: Python<'py>, frame: &Bytes) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let Ok(ClientFrame {
+        request_id,
+        kind: Some(Request::Publish(publish)),
+    }) = ClientFrame::decode(frame.clone())
+    else {
+        return Ok(None);
+    };
+    if publish.message.len() > MAX_DECODED_PUBLISH || publish.message_id.len() > MAX_DECODED_PUBLISH {
+        return Ok(None);
+    }
+    let messages = PyList::new(py, publish.message.iter().map(|m| PyBytes::new(py, m)))?;
+    let ids = PyList::new(py, publish.message_id.iter().map(|m| PyBytes::new(py, m)))?;
+    Ok(Some((request_id, publish.channel, messages, ids).into_pyobject(py)?))
+}
+
+/// `publish_of` for one frame, as the relay's `poll` applies it to each it hands over.
+#[pyfunction]
+fn decode_publish<'py>(py: Python<'py>, frame: PyBackedBytes) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    publish_of(py, &shared(frame))
+}
+
 /// A ServerFrame as `(kind, fields)`: kind 1 a Reply `(request_id, code, message, seq,
 /// epoch, head_seq, cipher_suite)`, 2 deliveries (a list of `(channel, seq, message,
 /// sender, handshake, epoch, subscription)`), 3 a Welcome `(channel, welcome, seq,
@@ -201,6 +267,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_refresh, m)?)?;
     m.add_function(wrap_pyfunction!(encode_join, m)?)?;
     m.add_function(wrap_pyfunction!(encode_delivery, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_reply, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_publish, m)?)?;
+    m.add("MAX_DECODED_PUBLISH", MAX_DECODED_PUBLISH)?;
     m.add_function(wrap_pyfunction!(decode_server_frame, m)?)?;
     Ok(())
 }

@@ -3,11 +3,13 @@
 //! `svc_server.relay.transport` drives them from the relay's asyncio loop: it watches
 //! `fileno()` with `add_reader` and polls.
 
+use bytes::Bytes;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyTuple};
 
+use crate::py_frames::publish_of;
 use crate::transport::{RelayServer, ServerConfig, ServerStream, TransportError as SetupError, Written, SERVICE};
 
 /// The relay's gRPC server on `host:port` (0: a free port; `port` says which), serving
@@ -79,16 +81,16 @@ impl PyRelayServer {
     }
 
     /// `(accepted, events)`: the streams that arrived since the last poll, and per stream
-    /// with news `(id, frames, client_done, ended, writable)` — the encoded ClientFrames
-    /// received, whether the client has sent its last frame, `(code, message)` once the
-    /// stream is over, and whether a refused write may be tried again.
+    /// with news `(id, frames, client_done, ended, writable)` — the ClientFrames received
+    /// (each a `ReceivedFrame`, held as received until the relay reads it), whether the
+    /// client has sent its last frame, `(code, message)` once the stream is over, and
+    /// whether a refused write may be tried again.
     #[allow(clippy::type_complexity)]
-    fn poll<'py>(
+    fn poll(
         &self,
-        py: Python<'py>,
     ) -> (
         Vec<PyServerStream>,
-        Vec<(u64, Vec<Bound<'py, PyBytes>>, bool, Option<(i32, String)>, bool)>,
+        Vec<(u64, Vec<PyReceivedFrame>, bool, Option<(i32, String)>, bool)>,
     ) {
         let polled = self.inner.poll();
         let accepted = polled
@@ -100,7 +102,7 @@ impl PyRelayServer {
             .events
             .into_iter()
             .map(|e| {
-                let frames = e.frames.iter().map(|f| PyBytes::new(py, f)).collect();
+                let frames = e.frames.into_iter().map(|frame| PyReceivedFrame { frame }).collect();
                 (e.id, frames, e.client_done, e.ended, e.writable)
             })
             .collect();
@@ -167,9 +169,37 @@ impl PyServerStream {
     }
 }
 
+/// One ClientFrame as a stream received it, not copied into Python: the relay reads a
+/// Publish from it decoded (the one request on every message's path) and any other kind
+/// from its bytes, one frame at a time, so that what a poll hands over costs no more
+/// than the frames' own bytes.
+#[pyclass(module = "svc_sdk._native", name = "ReceivedFrame", frozen)]
+pub struct PyReceivedFrame {
+    frame: Bytes,
+}
+
+#[pymethods]
+impl PyReceivedFrame {
+    /// The Publish this frame holds, as `decode_publish` gives it; None for any other
+    /// frame, which `bytes()` gives to the generated module.
+    fn publish<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        publish_of(py, &self.frame)
+    }
+
+    /// The frame's encoded bytes (a copy).
+    fn bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.frame)
+    }
+
+    fn __len__(&self) -> usize {
+        self.frame.len()
+    }
+}
+
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRelayServer>()?;
     m.add_class::<PyServerStream>()?;
+    m.add_class::<PyReceivedFrame>()?;
     m.add("RELAY_SERVICE", SERVICE)?;
     Ok(())
 }

@@ -135,8 +135,10 @@ class Outbox:
                 self._room.set()
         return dropped
 
-    def control(self, frame: pb.ServerFrame) -> None:
-        self._controls.append(frame.SerializeToString())
+    def control(self, frame: bytes) -> None:
+        """Queues an encoded ServerFrame that is not deliveries: a Reply, a Welcome, a
+        lag notice."""
+        self._controls.append(frame)
         self._wake.set()
 
     @property
@@ -243,7 +245,8 @@ class Subscription:
             self.active = False
             self.hub.remove(self)
             self.hub.lagged += 1
-            self.outbox.control(pb.ServerFrame(lagged=pb.Lagged(channel=self.channel)))
+            lagged = pb.ServerFrame(lagged=pb.Lagged(channel=self.channel))
+            self.outbox.control(lagged.SerializeToString())
 
 
 class Hub:
@@ -295,7 +298,9 @@ class Hub:
                 outbox.control(welcome_frame(w))
 
 
-def welcome_frame(w: WelcomeEntry) -> pb.ServerFrame:
-    return pb.ServerFrame(
+def welcome_frame(w: WelcomeEntry) -> bytes:
+    """The encoded ServerFrame of a Welcome."""
+    frame: bytes = pb.ServerFrame(
         welcome=pb.Welcome(channel=w.channel, welcome=w.welcome, seq=w.seq, epoch=w.epoch)
-    )
+    ).SerializeToString()
+    return frame

@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import NoReturn, Protocol
 
 from svc_sdk.protocol import Code
-from svc_sdk.protocol import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
 from ..auth.key_packages import CredentialKeys
 from ..config import Settings
 from ..services.channels import Event, Member
 from .access import Access
+from .frames import Frame
 from .groups import Groups, Validated, roster
 from .hub import Hub
 from .metrics import RelayMetrics
@@ -243,9 +243,7 @@ class Relay:
             await context.abort(Code.UNAUTHENTICATED, str(exc))
         return claims, identity
 
-    async def connect(
-        self, requests: AsyncIterator[pb.ClientFrame | None], context: StreamContext
-    ) -> None:
+    async def connect(self, requests: AsyncIterator[Frame | None], context: StreamContext) -> None:
         claims, identity = await self._authenticate(context)
         # Tells the client the stream is accepted before it writes (RelayConnection.open).
         await context.send_initial_metadata(())
@@ -278,9 +276,7 @@ class Relay:
             self.metrics.streams_ended.labels(session.closed[0].name).inc()
             await context.abort(*session.closed)
 
-    async def _read(
-        self, session: StreamSession, requests: AsyncIterator[pb.ClientFrame | None]
-    ) -> None:
+    async def _read(self, session: StreamSession, requests: AsyncIterator[Frame | None]) -> None:
         try:
             async for frame in requests:
                 await session.handle(frame)

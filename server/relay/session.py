@@ -10,12 +10,13 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from svc_sdk.protocol import AgentId, Code, MlsError, inspect
+from svc_sdk.protocol import MAX_DECODED_PUBLISH, AgentId, Code, MlsError, encode_reply, inspect
 from svc_sdk.protocol import is_valid_channel_name as valid_name
 from svc_sdk.protocol import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
 from ..services.channels import Event
+from .frames import Frame, PublishFrame
 from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
 from .store import CommitRejected, CursorExpired, Entry, GroupConflict, StaleMessages
@@ -39,8 +40,8 @@ CATCH_UP_PAGE = 512
 MAX_IN_FLIGHT = 1024
 # Replies a client has not read; beyond this it is not reading its stream at all.
 MAX_UNREAD_REPLIES = 10_000
-# Messages in one Publish frame.
-MAX_PUBLISH_BATCH = 1024
+# Messages in one Publish frame (the extension decodes Publish frames up to this many).
+MAX_PUBLISH_BATCH = MAX_DECODED_PUBLISH
 # The longest Publish.message_id.
 MAX_MESSAGE_ID = 32
 # How long a stream's access check of a channel holds without asking again. Commits
@@ -132,23 +133,24 @@ class StreamSession:
         if self.outbox.pending_controls >= MAX_UNREAD_REPLIES:
             self.close(Code.RESOURCE_EXHAUSTED, "client is not reading its stream")
             return
-        self.outbox.control(
-            pb.ServerFrame(
-                reply=pb.Reply(request_id=request_id, code=code, message=message, **fields)
-            )
-        )
+        self.outbox.control(encode_reply(request_id, code, message, **fields))
 
-    async def handle(self, frame: pb.ClientFrame | None) -> None:
+    async def handle(self, frame: Frame | None) -> None:
         if frame is None:
             self.reply(0, INVALID, "malformed frame: not a ClientFrame")
             return
-        kind = frame.WhichOneof("kind")
+        if isinstance(frame, PublishFrame):
+            kind: str | None = "publish"
+            request: Any = frame
+        else:
+            kind = frame.WhichOneof("kind")
+            request = getattr(frame, kind) if kind is not None else None
         if frame.request_id == 0 or kind is None:
             self.reply(frame.request_id, INVALID, "frame needs a non-zero request_id and a kind")
             return
         handler = getattr(self, f"_on_{kind}")
         try:
-            await handler(frame.request_id, getattr(frame, kind))
+            await handler(frame.request_id, request)
         except RequestError as exc:
             self.reply(
                 frame.request_id,
@@ -241,7 +243,7 @@ class StreamSession:
             code = DENIED if policy else INVALID
             raise RequestError(code, f"handshake refused: {exc}") from None
 
-    async def _on_publish(self, request_id: int, req: pb.Publish) -> None:
+    async def _on_publish(self, request_id: int, req: pb.Publish | PublishFrame) -> None:
         await self._check_channel(req.channel)
         count = len(req.message)
         if not 0 < count <= MAX_PUBLISH_BATCH:

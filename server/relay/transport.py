@@ -2,7 +2,8 @@
 native/src/transport/server.rs), driven from the relay's event loop.
 
 The server takes connections, runs HTTP/2 and gRPC's framing and the health service on
-threads of its own, and moves frames as bytes. One wake fd serves every stream: when it
+threads of its own, and moves frames as bytes (read one at a time: ``frames``). One wake
+fd serves every stream: when it
 is readable, :meth:`Transport._poll` takes all that happened on any stream — new
 streams, frames, ends, room to write again — in one call, and hands each stream's part
 to its :class:`ClientStream`, which :meth:`Relay.connect` reads and writes.
@@ -16,9 +17,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, NoReturn
 
-from google.protobuf.message import DecodeError
+from svc_sdk.protocol import Code, RelayServer, ServerStream
 
-from svc_sdk.protocol import Code, RelayServer, ServerStream, relay_pb2
+from .frames import Frame, Received, parse_frame
 
 if TYPE_CHECKING:
     from .service import Relay
@@ -33,15 +34,6 @@ OK = Code.OK
 CANCELLED = Code.CANCELLED
 
 
-def parse_frame(data: bytes) -> relay_pb2.ClientFrame | None:
-    """Never raises: a frame that does not parse becomes None and gets an error reply."""
-    try:
-        frame: relay_pb2.ClientFrame = relay_pb2.ClientFrame.FromString(data)
-    except DecodeError:
-        return None
-    return frame
-
-
 class Aborted(Exception):
     """Raised by :meth:`ClientStream.abort` once the stream's status is set: it ends the
     handler, as ``context.abort`` does in grpc.aio."""
@@ -54,14 +46,18 @@ class ClientStream:
     def __init__(self, stream: ServerStream) -> None:
         self._stream = stream
         self.id = stream.id
-        self._frames: deque[bytes] = deque()
+        self._frames: deque[Received] = deque()
         self._client_done = False
         self._ended: tuple[int, str] | None = None
         self._readable = asyncio.Event()
         self._writable = asyncio.Event()
 
     def on_event(
-        self, frames: list[bytes], client_done: bool, ended: tuple[int, str] | None, writable: bool
+        self,
+        frames: Sequence[Received],
+        client_done: bool,
+        ended: tuple[int, str] | None,
+        writable: bool,
     ) -> None:
         self._frames.extend(frames)
         self._client_done = self._client_done or client_done
@@ -97,7 +93,7 @@ class ClientStream:
         self.finish(code, details)
         raise Aborted(details)
 
-    async def requests(self) -> AsyncIterator[relay_pb2.ClientFrame | None]:
+    async def requests(self) -> AsyncIterator[Frame | None]:
         """The client's frames, parsed (None for one that does not parse), until it closes
         its side; raises ConnectionError when the stream ends otherwise (cancelled,
         connection lost, a frame over the size limit)."""

@@ -256,6 +256,19 @@ def encode_join(request_id: int, channel: str, join_id: str) -> bytes: ...
 def encode_delivery(
     channel: str, seq: int, message: bytes, sender: bytes, handshake: bool, epoch: int
 ) -> bytes: ...
+def encode_reply(
+    request_id: int,
+    code: int,
+    message: str,
+    seq: int = 0,
+    epoch: int = 0,
+    head_seq: int = 0,
+    cipher_suite: int = 0,
+) -> bytes: ...
+
+MAX_DECODED_PUBLISH: int
+
+def decode_publish(frame: bytes) -> tuple[int, str, list[bytes], list[bytes]] | None: ...
 def decode_server_frame(
     frame: bytes,
 ) -> tuple[Literal[0, 1, 2, 3, 4], Any]: ...
@@ -322,10 +335,18 @@ class RelayServer:
     def poll(
         self,
     ) -> tuple[
-        list[ServerStream], list[tuple[int, list[bytes], bool, tuple[int, str] | None, bool]]
+        list[ServerStream],
+        list[tuple[int, list[ReceivedFrame], bool, tuple[int, str] | None, bool]],
     ]: ...
     def set_serving(self, serving: bool) -> None: ...
     def stop(self, hard: bool = True) -> None: ...
+
+class ReceivedFrame:
+    """A ClientFrame as a stream received it, not copied into Python."""
+
+    def publish(self) -> tuple[int, str, list[bytes], list[bytes]] | None: ...
+    def bytes(self) -> bytes: ...
+    def __len__(self) -> int: ...
 
 class ServerStream:
     """One client's stream on a ``RelayServer``. ``write`` returns 0 (queued), 1 (full:

@@ -1,7 +1,8 @@
 """What the client library and the servers (``svc_server``: account API and relay) share:
 the relay's wire messages, channel names, agent ids, the agent credential's wire format,
-the MLS engine calls the servers make, the relay's native gRPC server and its encoder of
-deliveries, and the event loop both run on.
+the MLS engine calls the servers make, the relay's native gRPC server and the codec of its
+hot path (a Publish decoded, a Reply and a delivery encoded), and the event loop both run
+on.
 
 The servers import this module and nothing else of ``svc_sdk``; ``tests/test_layout.py``
 holds them to it. Everything here is a stable name for something defined in the library
@@ -22,13 +23,17 @@ from svc_sdk._codes import Code
 from svc_sdk._loop import new_event_loop
 from svc_sdk._loop import run as run_event_loop
 from svc_sdk._native import (
+    MAX_DECODED_PUBLISH,
     GroupTracker,
     Observed,
+    ReceivedFrame,
     RelayServer,
     Roles,
     ServerStream,
     TrackedGroup,
+    decode_publish,
     encode_delivery,
+    encode_reply,
     inspect,
     verify_agent_credential,
 )
@@ -50,6 +55,7 @@ __all__ = [
     "CHANNEL_PATTERN",
     "CREDENTIAL_LABEL",
     "CREDENTIAL_TYPE",
+    "MAX_DECODED_PUBLISH",
     "MAX_IDENTITY",
     "REQUEST_LABEL",
     "AgentId",
@@ -60,11 +66,14 @@ __all__ = [
     "MlsError",
     "Observed",
     "PolicyError",
+    "ReceivedFrame",
     "RelayServer",
     "Roles",
     "ServerStream",
     "TrackedGroup",
+    "decode_publish",
     "encode_delivery",
+    "encode_reply",
     "inspect",
     "is_valid_channel_name",
     "new_event_loop",

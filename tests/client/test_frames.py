@@ -2,18 +2,21 @@
 the relay's: the generated protobuf module the relay parses and writes with. Every
 request encodes to the bytes protobuf would write, every ServerFrame decodes to the
 fields protobuf reads, and bytes that are not a frame are a ValueError, never a crash.
-The relay's one native encoder, of a delivery, writes the bytes protobuf would."""
+The relay's hot path in the extension agrees with protobuf too: a delivery and a Reply
+encode to the bytes protobuf writes, and a Publish decodes to the fields protobuf reads
+(anything else is left to protobuf)."""
 
 from __future__ import annotations
 
 import contextlib
 
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.protocol import encode_delivery
+from svc_sdk.protocol import MAX_DECODED_PUBLISH, decode_publish, encode_delivery, encode_reply
 from svc_sdk.relay_frames import (
     MAX_FRAME,
     Commit,
@@ -57,6 +60,84 @@ def test_a_delivery_encodes_as_protobuf_writes_it(
         channel=channel, seq=seq, message=message, sender=sender, handshake=handshake, epoch=epoch
     ).SerializeToString()
     assert encode_delivery(channel, seq, message, sender, handshake, epoch) == expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(u64, st.integers(-(2**31), 2**31 - 1), text, u64, u64, u64, st.integers(0, 2**32 - 1))
+def test_a_reply_encodes_as_protobuf_writes_it(
+    request_id: int, code: int, message: str, seq: int, epoch: int, head: int, suite: int
+) -> None:
+    reply = pb.Reply(
+        request_id=request_id,
+        code=code,
+        message=message,
+        seq=seq,
+        epoch=epoch,
+        head_seq=head,
+        cipher_suite=suite,
+    )
+    expected = pb.ServerFrame(reply=reply).SerializeToString()
+    got = encode_reply(request_id, code, message, seq, epoch, head, suite)
+    assert got == expected
+    # As the relay calls it: the fields it does not name are zero.
+    assert (
+        encode_reply(request_id, code, message, seq=seq)
+        == pb.ServerFrame(
+            reply=pb.Reply(request_id=request_id, code=code, message=message, seq=seq)
+        ).SerializeToString()
+    )
+
+
+def read_publish(data: bytes) -> tuple[int, str, list[bytes], list[bytes]] | None:
+    """What the relay reads of ``data`` with protobuf alone, if it is a Publish."""
+    try:
+        frame = pb.ClientFrame.FromString(data)
+    except DecodeError:  # not a frame protobuf reads
+        return None
+    if frame.WhichOneof("kind") != "publish":
+        return None
+    p = frame.publish
+    return frame.request_id, p.channel, list(p.message), list(p.message_id)
+
+
+@settings(max_examples=400, deadline=None)
+@given(requests, u64)
+def test_a_publish_decodes_to_what_protobuf_reads(request: object, request_id: int) -> None:
+    data = as_protobuf(request)
+    data.request_id = request_id
+    wire = data.SerializeToString()
+    # Every other kind is left to protobuf.
+    assert decode_publish(wire) == read_publish(wire)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.builds(Publish, text, st.lists(blob, max_size=5), st.lists(blob, max_size=5)),
+    st.binary(max_size=20),
+    st.integers(0, 400),
+)
+def test_a_mangled_publish_decodes_as_protobuf_reads_it_or_is_left_to_it(
+    publish: Publish, junk: bytes, at: int
+) -> None:
+    wire = as_protobuf(publish).SerializeToString()
+    # Two frames' bytes end to end are one frame to protobuf: it merges them.
+    other = pb.ClientFrame(request_id=7, publish=pb.Publish(channel="x/y/z", message=[junk]))
+    merged = wire + other.SerializeToString()
+    for data in (wire[:at] + junk + wire[at:], wire[:at], junk + wire, merged):
+        decoded = decode_publish(data)
+        if decoded is not None:  # never a Publish protobuf would refuse or read otherwise
+            assert decoded == read_publish(data)
+
+
+def test_a_publish_of_more_messages_than_the_relay_takes_is_left_to_protobuf() -> None:
+    many = [b"m"] * (MAX_DECODED_PUBLISH + 1)
+    for publish in (pb.Publish(channel="a/b/c", message=many), pb.Publish(message_id=many)):
+        wire = pb.ClientFrame(request_id=1, publish=publish).SerializeToString()
+        assert decode_publish(wire) is None
+    wire = pb.ClientFrame(
+        request_id=1, publish=pb.Publish(message=many[:-1], message_id=many[:-1])
+    ).SerializeToString()
+    assert decode_publish(wire) == (1, "", many[:-1], many[:-1])
 
 
 def as_protobuf(request: object) -> pb.ClientFrame:

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
+from svc_sdk.protocol import decode_publish
 from svc_server.relay.transport import FAIR_SHARE, FULL, QUEUED, ClientStream
 
 pytestmark = pytest.mark.anyio
@@ -43,10 +44,26 @@ class FakeStream:
         self.finished = (code, message)
 
 
-def frame(request_id: int) -> bytes:
-    return pb.ClientFrame(
-        request_id=request_id, unsubscribe=pb.Unsubscribe(channel="a/b/c")
-    ).SerializeToString()
+class Received:
+    """Stands in for the native ``ReceivedFrame``: a frame's bytes, a Publish read from
+    them with the extension's own decoder."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def publish(self) -> tuple[int, str, list[bytes], list[bytes]] | None:
+        return decode_publish(self.data)
+
+    def bytes(self) -> bytes:
+        return self.data
+
+
+def frame(request_id: int) -> Received:
+    return Received(
+        pb.ClientFrame(
+            request_id=request_id, unsubscribe=pb.Unsubscribe(channel="a/b/c")
+        ).SerializeToString()
+    )
 
 
 @pytest.fixture
@@ -78,7 +95,8 @@ async def test_a_burst_of_frames_lets_the_loop_turn() -> None:
 
 async def test_frames_that_do_not_parse_become_none_and_an_end_raises() -> None:
     client = ClientStream(FakeStream())
-    client.on_event([b"\xff\xff not protobuf", frame(3)], False, (8, "frame too large"), False)
+    garbage = Received(b"\xff\xff not protobuf")
+    client.on_event([garbage, frame(3)], False, (8, "frame too large"), False)
     frames = client.requests()
     assert await anext(frames) is None
     assert (await anext(frames)).request_id == 3
