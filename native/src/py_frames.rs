@@ -21,17 +21,22 @@ fn shared(b: PyBackedBytes) -> Bytes {
     Bytes::from_owner(b)
 }
 
-/// Encodes straight into the Python `bytes` object returned: one copy of each payload.
+/// Encodes `message` straight into the Python `bytes` object returned: one copy of each
+/// payload it holds.
+fn encode_into<'py>(py: Python<'py>, message: &impl Message) -> PyResult<Bound<'py, PyBytes>> {
+    PyBytes::new_with(py, message.encoded_len(), |mut buf: &mut [u8]| {
+        message
+            .encode(&mut buf)
+            .map_err(|e| PyValueError::new_err(format!("cannot encode the frame: {e}")))
+    })
+}
+
 fn encoded<'py>(py: Python<'py>, request_id: u64, request: Request) -> PyResult<Bound<'py, PyBytes>> {
     let frame = ClientFrame {
         request_id,
         kind: Some(request),
     };
-    PyBytes::new_with(py, frame.encoded_len(), |mut buf: &mut [u8]| {
-        frame
-            .encode(&mut buf)
-            .map_err(|e| PyValueError::new_err(format!("cannot encode the frame: {e}")))
-    })
+    encode_into(py, &frame)
 }
 
 #[pyfunction]
@@ -136,11 +141,7 @@ fn encode_delivery<'py>(
         epoch,
         subscription: 0,
     };
-    PyBytes::new_with(py, delivery.encoded_len(), |mut buf: &mut [u8]| {
-        delivery
-            .encode(&mut buf)
-            .map_err(|e| PyValueError::new_err(format!("cannot encode the delivery: {e}")))
-    })
+    encode_into(py, &delivery)
 }
 
 /// A `ServerFrame` holding one Reply: what the relay answers each request with.
@@ -168,11 +169,7 @@ fn encode_reply<'py>(
             cipher_suite,
         })),
     };
-    PyBytes::new_with(py, frame.encoded_len(), |mut buf: &mut [u8]| {
-        frame
-            .encode(&mut buf)
-            .map_err(|e| PyValueError::new_err(format!("cannot encode the reply: {e}")))
-    })
+    encode_into(py, &frame)
 }
 
 /// The most messages (and ids) of a Publish `publish_of` decodes: the relay's own limit
