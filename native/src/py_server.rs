@@ -172,7 +172,9 @@ impl PyServerStream {
 /// One ClientFrame as a stream received it, not copied into Python: the relay reads a
 /// Publish from it decoded (the one request on every message's path) and any other kind
 /// from its bytes, one frame at a time, so that what a poll hands over costs no more
-/// than the frames' own bytes.
+/// than the frames' own bytes. Those bytes may be a slice of the connection's read
+/// buffer, which they keep alive until the relay has read the frame (up to about twice
+/// the frames' size, within the stream's `RECEIVE_HIGH_WATER`).
 #[pyclass(module = "svc_sdk._native", name = "ReceivedFrame", frozen)]
 pub struct PyReceivedFrame {
     frame: Bytes,

@@ -168,6 +168,7 @@ async def test_other_accounts_are_denied_until_admitted(
 async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_path: Path) -> None:
     alice, bob = await pair(stack, account, tmp_path)
     assert alice.group
+    many = [i.to_bytes(2, "big") for i in range(1025)]
     cases: list[tuple[Request, str]] = [
         (pb.CreateChannel(channel="no-slashes"), "invalid channel name"),
         (pb.Subscribe(channel="a/b/c/d"), "invalid channel name"),
@@ -189,6 +190,9 @@ async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_p
         # Found by tests/fuzz/test_relay_frames.py.
         (pb.Subscribe(channel=CHANNEL, after_seq=2**63), "after_seq"),
         (pb.Subscribe(channel=CHANNEL, after_seq=2**64 - 1), "after_seq"),
+        # More than the extension decodes: protobuf reads them, and the same rules hold.
+        (pb.Publish(channel=CHANNEL, message=many), "Publish takes 1 to 1024 messages"),
+        (pb.Publish(channel=CHANNEL, message=many[:2], message_id=many), "message_id takes"),
     ]
     # An application message whose (unencrypted, unauthenticated to the relay) epoch is
     # past 2^63-1 failed in the store the same way ("could not store the message; retry").
@@ -215,6 +219,10 @@ async def test_frames_that_do_not_parse(stack: Stack, account: Account) -> None:
     reply = (await call.read()).reply
     assert reply.code == INVALID and "malformed frame" in reply.message
     await call.write(pb.ClientFrame(request_id=0).SerializeToString())
+    assert "non-zero request_id" in (await call.read()).reply.message
+    # A Publish is read by the extension, not protobuf: the same answers.
+    publish = pb.Publish(channel="a/b/c", message=[b"m"])
+    await call.write(pb.ClientFrame(request_id=0, publish=publish).SerializeToString())
     assert "non-zero request_id" in (await call.read()).reply.message
     await call.write(
         pb.ClientFrame(
