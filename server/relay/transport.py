@@ -3,10 +3,10 @@ native/src/transport/server.rs), driven from the relay's event loop.
 
 The server takes connections, runs HTTP/2 and gRPC's framing and the health service on
 threads of its own, and moves frames as bytes (read one at a time: ``frames``). One wake
-fd serves every stream: when it
-is readable, :meth:`Transport._poll` takes all that happened on any stream — new
-streams, frames, ends, room to write again — in one call, and hands each stream's part
-to its :class:`ClientStream`, which :meth:`Relay.connect` reads and writes.
+fd serves every stream: when it is readable, :meth:`Transport._poll` takes all that
+happened on any stream — new streams, frames, ends, room to write again — in one call,
+and hands each stream's part to its :class:`ClientStream`, which :meth:`Relay.connect`
+reads and writes.
 """
 
 from __future__ import annotations

@@ -88,6 +88,17 @@ def test_a_reply_encodes_as_protobuf_writes_it(
     )
 
 
+def test_the_relays_codec_refuses_what_is_not_its_input() -> None:
+    with pytest.raises(OverflowError):
+        encode_reply(-1, 0, "")
+    with pytest.raises(OverflowError):
+        encode_delivery("a/b/c", 2**64, b"m", b"s", False, 0)
+    with pytest.raises(TypeError):
+        encode_delivery("a/b/c", 1, "not bytes", b"s", False, 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        decode_publish("not bytes")  # type: ignore[arg-type]
+
+
 def read_publish(data: bytes) -> tuple[int, str, list[bytes], list[bytes]] | None:
     """What the relay reads of ``data`` with protobuf alone, if it is a Publish."""
     try:
