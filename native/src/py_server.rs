@@ -192,10 +192,6 @@ impl PyReceivedFrame {
     fn bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.frame)
     }
-
-    fn __len__(&self) -> usize {
-        self.frame.len()
-    }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
