@@ -173,16 +173,17 @@ fn encode_reply<'py>(
 }
 
 /// The most messages (and ids) of a Publish `publish_of` decodes: the relay's own limit
-/// (`MAX_PUBLISH_BATCH`). A frame of more is left to the generated module, which the relay
-/// refuses it with, so that tiny messages in a large frame never become a Python object
-/// each.
+/// (`MAX_PUBLISH_BATCH`). A frame of more is only counted, so that tiny messages in a
+/// large frame never become a Python object each, and it is not parsed a second time to
+/// be refused.
 pub const MAX_DECODED_PUBLISH: usize = 1024;
 
 /// A client's frame as the relay's Python takes it: a Publish as `(request_id, channel,
-/// messages, message_ids)`, each message copied once out of `frame` into its own `bytes`;
-/// None for any other frame, a Publish of more than `MAX_DECODED_PUBLISH` messages or
-/// ids, or bytes that are not a ClientFrame, which the relay parses with its generated
-/// module (and refuses as that module does).
+/// messages, message_ids)`, each message copied once out of `frame` into its own `bytes`,
+/// or, for a Publish of more than `MAX_DECODED_PUBLISH` messages or ids, as
+/// `(request_id, channel, number of messages, number of ids)`, which the relay refuses;
+/// None for any other frame, or bytes that are not a ClientFrame, which the relay parses
+/// with its generated module (and refuses as that module does).
 pub(crate) fn publish_of<'py>(py: Python<'py>, frame: &Bytes) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let Ok(ClientFrame {
         request_id,
@@ -191,8 +192,9 @@ pub(crate) fn publish_of<'py>(py: Python<'py>, frame: &Bytes) -> PyResult<Option
     else {
         return Ok(None);
     };
-    if publish.message.len() > MAX_DECODED_PUBLISH || publish.message_id.len() > MAX_DECODED_PUBLISH {
-        return Ok(None);
+    let (messages, ids) = (publish.message.len(), publish.message_id.len());
+    if messages > MAX_DECODED_PUBLISH || ids > MAX_DECODED_PUBLISH {
+        return Ok(Some((request_id, publish.channel, messages, ids).into_pyobject(py)?));
     }
     let messages = PyList::new(py, publish.message.iter().map(|m| PyBytes::new(py, m)))?;
     let ids = PyList::new(py, publish.message_id.iter().map(|m| PyBytes::new(py, m)))?;

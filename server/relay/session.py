@@ -16,7 +16,7 @@ from svc_sdk.protocol import relay_pb2 as pb
 
 from ..auth import Claims, InvalidToken
 from ..services.channels import Event
-from .frames import Frame, PublishFrame
+from .frames import Frame, OversizedPublish, PublishFrame
 from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
 from .store import CommitRejected, CursorExpired, Entry, GroupConflict, StaleMessages
@@ -44,6 +44,10 @@ MAX_UNREAD_REPLIES = 10_000
 MAX_PUBLISH_BATCH = MAX_DECODED_PUBLISH
 # The longest Publish.message_id.
 MAX_MESSAGE_ID = 32
+TOO_MANY_MESSAGES = f"Publish takes 1 to {MAX_PUBLISH_BATCH} messages"
+BAD_MESSAGE_IDS = (
+    f"message_id takes none or one distinct id of 1 to {MAX_MESSAGE_ID} bytes per message"
+)
 # How long a stream's access check of a channel holds without asking again. Commits
 # clear it at once in every relay process that follows the channel; this bounds the rest.
 ACCESS_TTL = 2.0
@@ -142,6 +146,9 @@ class StreamSession:
         if isinstance(frame, PublishFrame):
             kind: str | None = "publish"
             request: Any = frame
+        elif isinstance(frame, OversizedPublish):
+            kind = "oversized_publish"
+            request = frame
         else:
             kind = frame.WhichOneof("kind")
             request = getattr(frame, kind) if kind is not None else None
@@ -243,22 +250,26 @@ class StreamSession:
             code = DENIED if policy else INVALID
             raise RequestError(code, f"handshake refused: {exc}") from None
 
+    async def _on_oversized_publish(self, request_id: int, req: OversizedPublish) -> None:
+        """A Publish of more messages or ids than a Publish takes, refused as
+        ``_on_publish`` refuses it, without its messages ever decoded."""
+        await self._check_channel(req.channel)
+        if not 0 < req.messages <= MAX_PUBLISH_BATCH:
+            raise RequestError(INVALID, TOO_MANY_MESSAGES)
+        raise RequestError(INVALID, BAD_MESSAGE_IDS)
+
     async def _on_publish(self, request_id: int, req: pb.Publish | PublishFrame) -> None:
         await self._check_channel(req.channel)
         count = len(req.message)
         if not 0 < count <= MAX_PUBLISH_BATCH:
-            raise RequestError(INVALID, f"Publish takes 1 to {MAX_PUBLISH_BATCH} messages")
+            raise RequestError(INVALID, TOO_MANY_MESSAGES)
         ids = list(req.message_id)
         if ids and (
             len(ids) != count
             or any(not 0 < len(i) <= MAX_MESSAGE_ID for i in ids)
             or len(set(ids)) != count
         ):
-            raise RequestError(
-                INVALID,
-                f"message_id takes none or one distinct id of 1 to {MAX_MESSAGE_ID} bytes "
-                "per message",
-            )
+            raise RequestError(INVALID, BAD_MESSAGE_IDS)
         # Each read of a repeated bytes field copies every message out of the parsed frame:
         # read once.
         messages = list(req.message)

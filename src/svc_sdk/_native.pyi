@@ -268,7 +268,9 @@ def encode_reply(
 
 MAX_DECODED_PUBLISH: int
 
-def decode_publish(frame: bytes) -> tuple[int, str, list[bytes], list[bytes]] | None: ...
+def decode_publish(
+    frame: bytes,
+) -> tuple[int, str, list[bytes], list[bytes]] | tuple[int, str, int, int] | None: ...
 def decode_server_frame(
     frame: bytes,
 ) -> tuple[Literal[0, 1, 2, 3, 4], Any]: ...
@@ -344,7 +346,9 @@ class RelayServer:
 class ReceivedFrame:
     """A ClientFrame as a stream received it, not copied into Python."""
 
-    def publish(self) -> tuple[int, str, list[bytes], list[bytes]] | None: ...
+    def publish(
+        self,
+    ) -> tuple[int, str, list[bytes], list[bytes]] | tuple[int, str, int, int] | None: ...
     def bytes(self) -> bytes: ...
 
 class ServerStream:

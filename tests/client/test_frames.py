@@ -140,11 +140,14 @@ def test_a_mangled_publish_decodes_as_protobuf_reads_it_or_is_left_to_it(
             assert decoded == read_publish(data)
 
 
-def test_a_publish_of_more_messages_than_the_relay_takes_is_left_to_protobuf() -> None:
+def test_a_publish_of_more_messages_than_the_relay_takes_is_counted_not_decoded() -> None:
     many = [b"m"] * (MAX_DECODED_PUBLISH + 1)
-    for publish in (pb.Publish(channel="a/b/c", message=many), pb.Publish(message_id=many)):
+    for publish, counts in (
+        (pb.Publish(channel="a/b/c", message=many), ("a/b/c", len(many), 0)),
+        (pb.Publish(message=[b"m"], message_id=many), ("", 1, len(many))),
+    ):
         wire = pb.ClientFrame(request_id=1, publish=publish).SerializeToString()
-        assert decode_publish(wire) is None
+        assert decode_publish(wire) == (1, *counts)
     wire = pb.ClientFrame(
         request_id=1, publish=pb.Publish(message=many[:-1], message_id=many[:-1])
     ).SerializeToString()

@@ -1,8 +1,8 @@
 """``ClientStream`` (server/relay/transport.py), the relay's side of one stream, as pure
 logic over a stand-in for the native ``ServerStream``: what it hands ``Relay.connect``,
 when it lets the native side read on, and that one stream's burst leaves the event loop
-to the others. The real server is exercised by test_server_transport.py and the rest of
-the relay suite."""
+to the others; and how it reads each frame (server/relay/frames.py). The real server is
+exercised by test_server_transport.py and the rest of the relay suite."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import asyncio
 import pytest
 
 from svc_sdk._relay_pb import relay_pb2 as pb
-from svc_sdk.protocol import decode_publish
+from svc_sdk.protocol import MAX_DECODED_PUBLISH, decode_publish
+from svc_server.relay.frames import OversizedPublish, PublishFrame, parse_frame
 from svc_server.relay.transport import FAIR_SHARE, FULL, QUEUED, ClientStream
 
 pytestmark = pytest.mark.anyio
@@ -51,11 +52,31 @@ class Received:
     def __init__(self, data: bytes) -> None:
         self.data = data
 
-    def publish(self) -> tuple[int, str, list[bytes], list[bytes]] | None:
+    def publish(
+        self,
+    ) -> tuple[int, str, list[bytes], list[bytes]] | tuple[int, str, int, int] | None:
         return decode_publish(self.data)
 
     def bytes(self) -> bytes:
         return self.data
+
+
+class Unparsed(Received):
+    """A received frame whose bytes must not be needed: ``parse_frame`` reads a Publish
+    only through the extension's decoder."""
+
+    def bytes(self) -> bytes:
+        raise AssertionError("parsed a second time")
+
+
+def test_a_publish_over_the_limits_is_refused_without_a_second_parse() -> None:
+    many = [b"m"] * (MAX_DECODED_PUBLISH + 1)
+    wire = pb.ClientFrame(
+        request_id=9, publish=pb.Publish(channel="a/b/c", message=many, message_id=many)
+    ).SerializeToString()
+    assert parse_frame(Unparsed(wire)) == OversizedPublish(9, "a/b/c", len(many), len(many))
+    small = pb.ClientFrame(request_id=3, publish=pb.Publish(channel="a/b/c", message=[b"m"]))
+    assert parse_frame(Unparsed(small.SerializeToString())) == PublishFrame(3, "a/b/c", [b"m"], [])
 
 
 def frame(request_id: int) -> Received:
