@@ -153,6 +153,8 @@ async def test_other_accounts_are_denied_until_admitted(
         pb.Subscribe(channel=CHANNEL),
         pb.Subscribe(channel="acme/support/nonexistent"),
         pb.Publish(channel=CHANNEL, message=[b"x"]),
+        # Over the limits, counted and refused: still no word of the channel to an outsider.
+        pb.Publish(channel=CHANNEL, message=[b"x"] * 1025),
         pb.CreateChannel(channel=CHANNEL),
     ):
         reply = await mallory.conn.request(frame, check=False)
@@ -190,7 +192,7 @@ async def test_bad_frames_get_clear_errors(stack: Stack, account: Account, tmp_p
         # Found by tests/fuzz/test_relay_frames.py.
         (pb.Subscribe(channel=CHANNEL, after_seq=2**63), "after_seq"),
         (pb.Subscribe(channel=CHANNEL, after_seq=2**64 - 1), "after_seq"),
-        # More than the extension decodes: protobuf reads them, and the same rules hold.
+        # More than the extension decodes: it counts them, and the same rules hold.
         (pb.Publish(channel=CHANNEL, message=many), "Publish takes 1 to 1024 messages"),
         (pb.Publish(channel=CHANNEL, message=many[:2], message_id=many), "message_id takes"),
     ]
