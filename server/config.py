@@ -88,6 +88,16 @@ class Settings(BaseSettings):
     subscriber_buffer: int = Field(
         4096, ge=16, description="Deliveries queued per stream before it is told it lagged"
     )
+    subscriber_buffer_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=8 * 1024 * 1024,
+        description="Bytes of deliveries queued per stream before it is told it lagged",
+    )
+    relay_buffer_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=64 * 1024 * 1024,
+        description="Bytes of deliveries queued in all streams; past it the fullest stream lags",
+    )
     relay_group_cache_bytes: int = Field(
         256 * 1024 * 1024,
         ge=1024 * 1024,

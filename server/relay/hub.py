@@ -85,12 +85,50 @@ def deliveries_frame(pieces: list[bytes], size: int) -> bytes:
     return b"".join((b"\x12" + _varint(size), *pieces))
 
 
-class Outbox:
-    """Frames waiting to be written to one stream. Deliveries are bounded (a subscriber
-    over the bound is told it lagged); replies to the client's own requests are not."""
+class Buffers:
+    """The bytes of deliveries queued in all of one relay's outboxes, against ``limit``.
+    Each outbox is bounded on its own, but a connection may open a hundred streams and a
+    client may open many connections: a relay whose streams do not read would otherwise
+    hold every one of them full. Past the limit, the outbox that holds the most sheds its
+    deliveries (its subscriptions lag and resume from the log), so the streams that do
+    not read pay for it, not the ones that do."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.used = 0
+        self.shed = 0  # outboxes shed, ever
+        self._outboxes: set[Outbox] = set()
+
+    def add(self, outbox: Outbox) -> None:
+        self._outboxes.add(outbox)
+
+    def remove(self, outbox: Outbox) -> None:
+        self._outboxes.discard(outbox)
+
+    def make_room(self, size: int, asking: Outbox) -> bool:
+        """Whether ``size`` more bytes fit for ``asking``, once outboxes that hold more
+        than it have shed theirs (largest first). False leaves ``asking`` to lag."""
+        while self.used + size > self.limit:
+            largest = max(self._outboxes, key=lambda o: o.bytes)
+            if largest.bytes <= asking.bytes:
+                return False
+            largest.shed()
+            self.shed += 1
+        return True
+
+
+class Outbox:
+    """Frames waiting to be written to one stream. Deliveries are bounded in number and in
+    bytes, and together with every other outbox's by the relay's :class:`Buffers` (a
+    subscriber over a bound is told it lagged); replies to the client's own requests are
+    not."""
+
+    def __init__(self, limit: int, byte_limit: int, buffers: Buffers) -> None:
+        self.limit = limit
+        self.byte_limit = byte_limit
+        self.bytes = 0  # of the queued deliveries' bodies
+        self._buffers: Buffers | None = buffers
+        buffers.add(self)
         # (item, its subscription's tail, when it was stored, the subscription)
         self._deliveries: deque[tuple[Encoded, bytes, float, object]] = deque()
         self._controls: deque[bytes] = deque()
@@ -103,20 +141,51 @@ class Outbox:
         return len(self._deliveries)
 
     def close(self) -> None:
-        """Wakes the writer so it can see the stream is ending."""
+        """Wakes the writer so it can see the stream is ending; what is queued no longer
+        counts against the relay's buffers."""
         self.closed = True
         self._wake.set()
+        if self._buffers is not None:
+            self._buffers.used -= self.bytes
+            self._buffers.remove(self)
+            self._buffers = None
+
+    def _taken(self, size: int) -> None:
+        self.bytes -= size
+        if self._buffers is not None:
+            self._buffers.used -= size
+        if len(self._deliveries) < self.limit // 2 and self.bytes < self.byte_limit // 2:
+            self._room.set()
 
     def offer(self, item: Encoded, tail: bytes, stored_at: float, owner: object = None) -> bool:
         """Queues an :func:`encode_item` body with its :func:`subscription_tail`, for the
-        subscription ``owner`` (see :meth:`withdraw`)."""
-        if len(self._deliveries) >= self.limit:
+        subscription ``owner`` (see :meth:`withdraw`). False when the outbox is full (by
+        number, or by bytes: one delivery may take it past its byte limit, so a message
+        larger than the limit still goes out), or the relay's buffers are and this outbox
+        holds the most."""
+        size = len(item[1])
+        if len(self._deliveries) >= self.limit or self.bytes >= self.byte_limit:
             return False
+        buffers = self._buffers
+        if buffers is not None:
+            if buffers.used + size > buffers.limit and not buffers.make_room(size, self):
+                return False
+            buffers.used += size
+        self.bytes += size
         self._deliveries.append((item, tail, stored_at, owner))
-        if len(self._deliveries) >= self.limit // 2:
+        if len(self._deliveries) >= self.limit // 2 or self.bytes >= self.byte_limit // 2:
             self._room.clear()
         self._wake.set()
         return True
+
+    def shed(self) -> None:
+        """Drops every queued delivery, and has each subscription they were for lag: the
+        relay's buffers are full and this outbox holds the most."""
+        owners = {id(d[3]): d[3] for d in self._deliveries if isinstance(d[3], Subscription)}
+        self._deliveries.clear()
+        self._taken(self.bytes)
+        for owner in owners.values():
+            owner.lag()
 
     def withdraw(self, owner: object) -> int:
         """Drops what is still queued for the subscription ``owner``, which has ended: the
@@ -130,9 +199,9 @@ class Outbox:
         kept = deque(d for d in self._deliveries if d[3] is not owner)
         dropped = len(self._deliveries) - len(kept)
         if dropped:
+            size = sum(len(d[0][1]) for d in self._deliveries if d[3] is owner)
             self._deliveries = kept
-            if len(kept) < self.limit // 2:
-                self._room.set()
+            self._taken(size)
         return dropped
 
     def control(self, frame: bytes) -> None:
@@ -163,15 +232,16 @@ class Outbox:
             oldest = self._deliveries[0][2]
             pieces: list[bytes] = []
             size = 0
+            bodies = 0
             while self._deliveries and count < MAX_BATCH and size < MAX_BATCH_BYTES:
                 (heads, body), tail, _, _ = self._deliveries.popleft()
                 head = heads[len(tail)]
+                bodies += len(body)
                 size += len(head) + len(body) + len(tail)
                 pieces += (head, body, tail)  # frame_item, inlined
                 count += 1
             frames.append(deliveries_frame(pieces, size))
-            if len(self._deliveries) < self.limit // 2:
-                self._room.set()
+            self._taken(bodies)
         return frames, count, oldest
 
 
@@ -195,6 +265,7 @@ class Subscription:
         self.last = after
         self.catching_up = True
         self.held: list[tuple[Entry, Encoded]] = []
+        self.held_bytes = 0
         # Live entries were dropped from ``held`` during catch-up: the log still has them
         # (an entry is stored before it is fanned out), so catch-up must read on.
         self.held_dropped = False
@@ -219,12 +290,14 @@ class Subscription:
 
     def offer_live(self, entry: Entry, item: Encoded) -> None:
         if self.catching_up:
-            if len(self.held) >= self.outbox.limit:
+            if len(self.held) >= self.outbox.limit or self.held_bytes >= self.outbox.byte_limit:
                 # Not a lag: the entries are in the log, and catch-up reads them there.
                 # (A Redis follower replays the log from the cursor as live entries.)
                 self.held.clear()
+                self.held_bytes = 0
                 self.held_dropped = True
             self.held.append((entry, item))
+            self.held_bytes += len(item[1])
         else:
             self.deliver(entry, item)
 
@@ -236,6 +309,7 @@ class Subscription:
     def go_live(self) -> None:
         self.catching_up = False
         held, self.held = self.held, []
+        self.held_bytes = 0
         for entry, item in held:
             self.deliver(entry, item)
 
@@ -250,7 +324,9 @@ class Subscription:
 
 
 class Hub:
-    def __init__(self) -> None:
+    def __init__(self, buffer_bytes: int) -> None:
+        #: What every stream's outbox queues, together (see :class:`Buffers`).
+        self.buffers = Buffers(buffer_bytes)
         self._subs: dict[str, set[Subscription]] = {}
         self._by_identity: dict[bytes, set[Outbox]] = {}
         self.lagged = 0  # subscribers told to resume from their cursor, ever

@@ -45,6 +45,11 @@ class RelayMetrics:
         self.lagged = Gauge(
             "svc_relay_lagged_total", "Subscribers told to resume from their cursor", registry=r
         )
+        self.buffered_bytes = Gauge(
+            "svc_relay_buffered_bytes",
+            "Bytes of deliveries queued for all streams (bounded by relay_buffer_bytes)",
+            registry=r,
+        )
         self.delivery_latency = Histogram(
             "svc_relay_delivery_latency_seconds",
             "From storing a message to writing it to a subscriber's stream",

@@ -185,6 +185,30 @@ if ARGV[5] ~= '' then redis.call('PUBLISH', ARGV[5], seq) end
 return {seq, current}
 """
 
+# A catch-up page: up to ARGV[2] entries of the log (KEYS[1]) from the id ARGV[1] on, and
+# with ARGV[3] > 0 none after the one whose message takes them to ARGV[3] bytes, with the
+# channel's trimmed-through seq (KEYS[2]) read in the same step. Read sixteen at a time,
+# so the script never holds more than one page and sixteen entries.
+READ = """
+local trimmed = redis.call('HGET', KEYS[2], 'trimmed') or ''
+local limit, max_bytes = tonumber(ARGV[2]), tonumber(ARGV[3])
+local out, size, start = {}, 0, ARGV[1]
+while #out < limit do
+  local rows = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', math.min(16, limit - #out))
+  if #rows == 0 then break end
+  for _, row in ipairs(rows) do
+    local fields = row[2]
+    out[#out + 1] = row
+    for i = 1, #fields, 2 do
+      if fields[i] == 'm' then size = size + #fields[i + 1] end
+    end
+    if max_bytes > 0 and size >= max_bytes then return {trimmed, out} end
+  end
+  start = '(' .. rows[#rows][1]
+end
+return {trimmed, out}
+"""
+
 # KEYS: group. ARGV: state. A new channel's group, version 1, unless it has one.
 CREATE_GROUP = """
 if redis.call('HSETNX', KEYS[1], 'v', 1) == 0 then return 0 end
@@ -350,6 +374,7 @@ class RedisLogStore:
         self._commit: Any = None
         self._propose: Any = None
         self._create_group: Any = None
+        self._read: Any = None
         self._appends: asyncio.Queue[_Append] = asyncio.Queue()
         self._appender: asyncio.Task[None] | None = None
 
@@ -381,6 +406,7 @@ class RedisLogStore:
         self._commit = self._redis.register_script(COMMIT)
         self._propose = self._redis.register_script(PROPOSE)
         self._create_group = self._redis.register_script(CREATE_GROUP)
+        self._read = self._redis.register_script(READ)
         last = await self._redis.xrevrange(WELCOME_STREAM, count=1)
         self._welcomes_from = last[0][0] if last else b"0-0"
         await self._reindex(time.time() - REINDEX_AFTER)
@@ -587,14 +613,19 @@ class RedisLogStore:
         version, state = await self.redis.hmget(_group(channel), "v", "s")
         return None if version is None or state is None else (int(version), state)
 
-    async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hget(_meta(channel), "trimmed")
-            pipe.xrange(_log(channel), min=f"{after_seq + 1}-1", count=limit)
-            trimmed, rows = await pipe.execute()
-        if trimmed is not None and after_seq < int(trimmed):
+    async def read(
+        self, channel: str, after_seq: int, limit: int, max_bytes: int | None = None
+    ) -> list[Entry]:
+        trimmed, rows = await self._read(
+            keys=[_log(channel), _meta(channel)],
+            args=[f"{after_seq + 1}-1", limit, max_bytes or 0],
+        )
+        if trimmed and after_seq < int(trimmed):
             raise CursorExpired(int(trimmed))
-        return [_entry(channel, stream_id, fields) for stream_id, fields in rows]
+        return [
+            _entry(channel, stream_id, dict(zip(fields[::2], fields[1::2], strict=True)))
+            for stream_id, fields in rows
+        ]
 
     async def _welcome_blobs(self, keys: Iterable[bytes | str]) -> list[bytes | None]:
         """The Welcomes stored under ``keys`` (None where retention removed one); the

@@ -22,8 +22,9 @@ from .access import Access
 from .frames import Frame
 from .groups import Groups, Validated, roster
 from .hub import Hub
+from .in_flight import Budget
 from .metrics import RelayMetrics
-from .session import StreamSession
+from .session import MAX_RELAY_IN_FLIGHT_BYTES, StreamSession
 from .store import Entry, LogStore, WelcomeEntry
 
 log = logging.getLogger("svc_server.relay")
@@ -62,7 +63,8 @@ class Relay:
         self.verify = verify
         self.credential_keys = credential_keys
         self.metrics = metrics or RelayMetrics()
-        self.hub = Hub()
+        self.hub = Hub(settings.relay_buffer_bytes)
+        self.in_flight = Budget(MAX_RELAY_IN_FLIGHT_BYTES)  # publishes waiting to be stored
         self.groups = Groups(store, credential_keys, settings.relay_group_cache_bytes)
         self.sessions: set[StreamSession] = set()
         self._rechecks: set[asyncio.Task[None]] = set()
@@ -71,6 +73,7 @@ class Relay:
         self.metrics.tracked_groups.set_function(lambda: self.groups.cached[0])
         self.metrics.tracked_group_bytes.set_function(lambda: self.groups.cached[1])
         self.metrics.lagged.set_function(lambda: self.hub.lagged)
+        self.metrics.buffered_bytes.set_function(lambda: self.hub.buffers.used)
         self.store.set_sink(self._stored)
         self._trimmer: asyncio.Task[None] | None = None
         # Roster writes for the account API (membership_changed): all under way, and each

@@ -19,6 +19,7 @@ from ..services.channels import Event
 from .frames import Frame, OversizedPublish, PublishFrame
 from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
+from .in_flight import InFlight
 from .store import CommitRejected, CursorExpired, Entry, GroupConflict, StaleMessages
 
 if TYPE_CHECKING:
@@ -34,10 +35,16 @@ EXPIRED_CURSOR = Code.OUT_OF_RANGE
 UNAUTHENTICATED = Code.UNAUTHENTICATED
 UNAVAILABLE = Code.UNAVAILABLE
 EXISTS = Code.ALREADY_EXISTS
+# A catch-up read: at most this many entries, and none past the one that reaches this
+# many bytes, so that a subscription catching up holds a few large messages at a time,
+# not five hundred of them.
 CATCH_UP_PAGE = 512
-# Publishes of one stream waiting to be stored; beyond this the stream stops reading
-# frames, and gRPC flow control pushes back on the client.
+CATCH_UP_PAGE_BYTES = 4 * 1024 * 1024
+# Publishes of one stream waiting to be stored, and their bytes (see InFlight).
 MAX_IN_FLIGHT = 1024
+MAX_IN_FLIGHT_BYTES = 16 * 1024 * 1024
+# And of all streams together (see Budget).
+MAX_RELAY_IN_FLIGHT_BYTES = 256 * 1024 * 1024
 # Replies a client has not read; beyond this it is not reading its stream at all.
 MAX_UNREAD_REPLIES = 10_000
 # Messages in one Publish frame (the extension decodes Publish frames up to this many).
@@ -80,7 +87,10 @@ class StreamSession:
         # Who this stream is: the token's account and the identity it claims, so one
         # account's agents can never receive as, or speak as, another account's.
         self.member = claims.account_id.bytes + identity
-        self.outbox = Outbox(relay.settings.subscriber_buffer)
+        settings = relay.settings
+        self.outbox = Outbox(
+            settings.subscriber_buffer, settings.subscriber_buffer_bytes, relay.hub.buffers
+        )
         # A page goes out once the stream's queue is under half full, so it must fit in
         # the other half: a larger one would make every long catch-up lag, forever.
         limit = relay.settings.subscriber_buffer
@@ -91,7 +101,7 @@ class StreamSession:
         self.closed: tuple[Code, str] | None = None
         self.close_event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._in_flight = InFlight(MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, relay.in_flight)
         self._expiry: asyncio.TimerHandle | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -295,17 +305,18 @@ class StreamSession:
             epochs.append(epoch or 0)
         # Queued now, in frame order; the reader goes on to the next frame at once and the
         # Reply follows when the messages are durable (pipelined publishes).
-        await self._in_flight.acquire()
+        size = sum(map(len, messages))
+        await self._in_flight.acquire(size)
         stored = self.relay.store.append_many(
             req.channel, self.member, list(zip(messages, epochs, strict=True)), ids
         )
         metrics = self.relay.metrics
         metrics.application_messages.inc(count)
-        metrics.bytes.inc(sum(map(len, messages)))
+        metrics.bytes.inc(size)
         if stored.done():
-            self._stored(request_id, stored)  # an idle store commits at once: no task
+            self._stored(request_id, stored, size)  # an idle store commits at once: no task
         else:
-            self.spawn(self._reply_when_stored(request_id, stored))
+            self.spawn(self._reply_when_stored(request_id, stored, size))
 
     async def _propose(self, channel: str, proposal: bytes, epoch: int) -> int:
         """A member's proposal (its leave or key update): validated, then stored in the
@@ -332,19 +343,19 @@ class StreamSession:
         return entry.seq
 
     async def _reply_when_stored(
-        self, request_id: int, stored: asyncio.Future[list[Entry]]
+        self, request_id: int, stored: asyncio.Future[list[Entry]], size: int
     ) -> None:
         try:
             await stored
         except asyncio.CancelledError:
-            self._in_flight.release()
+            self._in_flight.release(size)
             raise
         except Exception:  # noqa: S110 - _stored reports it
             pass
-        self._stored(request_id, stored)
+        self._stored(request_id, stored, size)
 
-    def _stored(self, request_id: int, stored: asyncio.Future[list[Entry]]) -> None:
-        self._in_flight.release()
+    def _stored(self, request_id: int, stored: asyncio.Future[list[Entry]], size: int) -> None:
+        self._in_flight.release(size)
         error = None if stored.cancelled() else stored.exception()
         if isinstance(error, StaleMessages):
             self.reply(request_id, STALE, str(error), epoch=error.current_epoch)
@@ -487,7 +498,9 @@ class StreamSession:
         try:
             head, epoch = await self.relay.store.head(req.channel)
             # Fails now, not later, if the cursor fell behind retention.
-            first = await self.relay.store.read(req.channel, req.after_seq, self.page)
+            first = await self.relay.store.read(
+                req.channel, req.after_seq, self.page, CATCH_UP_PAGE_BYTES
+            )
         except CursorExpired as exc:
             self._drop(sub)
             raise RequestError(EXPIRED_CURSOR, str(exc)) from None
@@ -501,13 +514,20 @@ class StreamSession:
                 for entry in page:
                     sub.deliver(entry)
                 # Checked after the read: entries dropped while it ran are read next.
-                if not sub.active or (len(page) < self.page and not sub.take_held_dropped()):
+                if not sub.active or (self._last_page(page) and not sub.take_held_dropped()):
                     break
                 await self.outbox.wait_for_room()
-                page = await self.relay.store.read(sub.channel, sub.last, self.page)
+                page = await self.relay.store.read(
+                    sub.channel, sub.last, self.page, CATCH_UP_PAGE_BYTES
+                )
             sub.go_live()
         except CursorExpired:
             sub.lag()
+
+    def _last_page(self, page: list[Entry]) -> bool:
+        """Whether a catch-up read reached the end of the log: it stopped short of both
+        its number of entries and its bytes."""
+        return len(page) < self.page and sum(len(e.message) for e in page) < CATCH_UP_PAGE_BYTES
 
     def _drop(self, sub: Subscription) -> None:
         sub.active = False

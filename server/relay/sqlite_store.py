@@ -754,7 +754,9 @@ class SqliteLogStore:
         result: tuple[int, bytes] | None = await self._read(fn)
         return result
 
-    async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:
+    async def read(
+        self, channel: str, after_seq: int, limit: int, max_bytes: int | None = None
+    ) -> list[Entry]:
         def fn(conn: sqlite3.Connection) -> list[Entry]:
             conn.execute("BEGIN")  # one snapshot for the retention check and the rows
             try:
@@ -767,10 +769,19 @@ class SqliteLogStore:
                     "SELECT seq, sender, handshake, epoch, message, stored_at FROM messages "
                     "WHERE channel = ? AND seq > ? ORDER BY seq LIMIT ?",
                     (channel, after_seq, limit),
-                ).fetchall()
+                )
+                # Row by row: SQLite reads a message only when the cursor reaches it.
+                entries: list[Entry] = []
+                size = 0
+                for r in rows:
+                    entries.append(_entry(channel, r))
+                    size += len(r[4])
+                    if max_bytes is not None and size >= max_bytes:
+                        break
+                rows.close()
             finally:
                 conn.execute("COMMIT")
-            return [_entry(channel, r) for r in rows]
+            return entries
 
         result: list[Entry] = await self._read(fn)
         return result

@@ -152,8 +152,13 @@ class LogStore(Protocol):
         """(version, state) of the channel's tracked group."""
         ...
 
-    async def read(self, channel: str, after_seq: int, limit: int) -> list[Entry]:
-        """Entries after ``after_seq`` in order; CursorExpired if some were trimmed."""
+    async def read(
+        self, channel: str, after_seq: int, limit: int, max_bytes: int | None = None
+    ) -> list[Entry]:
+        """Up to ``limit`` entries after ``after_seq``, in order, and with ``max_bytes``
+        none after the one whose message takes them to ``max_bytes`` (so a page that
+        stopped for its bytes holds at least that many); CursorExpired if some were
+        trimmed."""
         ...
 
     async def welcomes(self, recipient: bytes) -> list[WelcomeEntry]: ...

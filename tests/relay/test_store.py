@@ -228,6 +228,22 @@ async def test_trim_covers_every_channel(store: LogStore) -> None:
             await store.read(channel, 0, 10)
 
 
+async def test_a_read_stops_at_the_entry_that_reaches_its_byte_bound(store: LogStore) -> None:
+    """A catch-up page of large messages ends with the one that takes it to its bytes (so
+    a page that stopped for them is never mistaken for the log's end): read page by
+    page, the log comes back whole, in order."""
+    sizes = [100, 3000, 3000, 10_000, 50, 50, 2000]
+    for i, size in enumerate(sizes):
+        await store.append("p/a/ge", b"s", bytes([i]) * size, 0)
+    pages, after = [], 0
+    while page := await store.read("p/a/ge", after, 512, 5000):
+        pages.append([len(e.message) for e in page])
+        after = page[-1].seq
+    assert pages == [[100, 3000, 3000], [10_000], [50, 50, 2000]]
+    assert [len(e.message) for e in await store.read("p/a/ge", 0, 3)] == sizes[:3]
+    assert len(await store.read("p/a/ge", 0, 512, 10**9)) == len(sizes)
+
+
 async def test_an_agent_gets_only_its_newest_pending_welcomes(store: LogStore) -> None:
     me = b"\x02" * 16 + b"me"
     for epoch in range(MAX_PENDING_WELCOMES + 10):

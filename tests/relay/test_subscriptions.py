@@ -17,12 +17,16 @@ from svc_sdk.relay_client import RelayConnection
 from svc_server.relay.hub import (
     MAX_BATCH,
     MAX_BATCH_BYTES,
+    Buffers,
+    Hub,
     Outbox,
+    Subscription,
     deliveries_frame,
     encode_item,
     frame_item,
     subscription_tail,
 )
+from svc_server.relay.in_flight import Budget, InFlight
 from svc_server.relay.metrics import RelayMetrics
 from svc_server.relay.service import Relay
 from svc_server.relay.store import Entry
@@ -34,6 +38,7 @@ from .test_relay import CHANNEL, INVALID, engine_group_message
 
 pytestmark = pytest.mark.anyio
 MAX_U64 = 2**64 - 1
+MIB = 1024 * 1024
 
 
 async def take(conn: RelayConnection, n: int) -> list[tuple[int, int]]:
@@ -182,7 +187,7 @@ def test_a_frame_decodes_to_the_deliveries_it_was_built_from() -> None:
 async def test_frames_of_large_messages_stop_at_the_byte_bound() -> None:
     """A subscriber's frames of 16 KiB messages close at 256 KiB (a reader holds each
     frame whole, several times over), small ones at MAX_BATCH; all in order, none lost."""
-    outbox = Outbox(limit=4096)
+    outbox = Outbox(4096, 16 * MIB, Buffers(512 * MIB))
     sizes = [16 * 1024] * 100 + [100] * 600
     for seq, size in enumerate(sizes, 1):
         outbox.offer(encode_item(Entry(CHANNEL, seq, b"s", False, 1, b"m" * size, 0.0)), b"", 0)
@@ -205,7 +210,7 @@ async def test_frames_of_large_messages_stop_at_the_byte_bound() -> None:
 async def test_withdraw_drops_only_the_ended_subscriptions_queued_deliveries() -> None:
     """Another subscription's deliveries stay, in order; room for more opens again; a
     closing stream withdraws nothing (nothing more is written to it)."""
-    outbox = Outbox(limit=16)
+    outbox = Outbox(16, 16 * MIB, Buffers(512 * MIB))
     ended, other = object(), object()
     for seq in range(1, 13):
         owner = ended if seq % 3 else other
@@ -284,8 +289,8 @@ async def test_a_writer_with_a_backlog_lets_other_streams_write_between_its_fram
             written.append(self.name)
 
     relay = SimpleNamespace(metrics=RelayMetrics())
-    busy = SimpleNamespace(closed=None, outbox=Outbox(limit=4096))
-    quiet = SimpleNamespace(closed=None, outbox=Outbox(limit=4096))
+    busy = SimpleNamespace(closed=None, outbox=Outbox(4096, 16 * MIB, Buffers(512 * MIB)))
+    quiet = SimpleNamespace(closed=None, outbox=Outbox(4096, 16 * MIB, Buffers(512 * MIB)))
     for seq in range(1, 3 * MAX_BATCH + 1):
         busy.outbox.offer(encode_item(Entry(CHANNEL, seq, b"s", False, 1, b"m", 0.0)), b"", 0)
     quiet.outbox.offer(encode_item(Entry(CHANNEL, 1, b"s", False, 1, b"m", 0.0)), b"", 0)
@@ -336,4 +341,176 @@ async def test_a_catch_up_longer_than_the_buffer_comes_in_pages_that_fit(
         await reader.close()
         await sender.close()
     finally:
+        await stop_stack(stack)
+
+
+def _item(seq: int, size: int) -> Any:
+    return encode_item(Entry(CHANNEL, seq, b"s", False, 1, b"m" * size, 0.0))
+
+
+async def test_an_outbox_is_bounded_by_bytes_as_well_as_by_deliveries() -> None:
+    """Deliveries of 1 MiB fill an 8 MiB outbox after eight, far below its 4,096; one
+    delivery may take it past the bound, so a message larger than the bound goes out.
+    Catch-up waits while it is half full, by either measure."""
+    buffers = Buffers(512 * MIB)
+    outbox = Outbox(4096, 8 * MIB, buffers)
+    assert [outbox.offer(_item(seq, MIB), b"", 0) for seq in range(1, 11)] == [True] * 8 + [
+        False
+    ] * 2
+    body = len(_item(1, MIB)[1])  # the message and the Delivery's other fields
+    assert outbox.bytes == buffers.used == 8 * body
+    assert not outbox._room.is_set()
+    while outbox.bytes >= 4 * MIB:
+        await outbox.next_frames()  # 256 KiB frames: a 1 MiB delivery each
+    assert outbox._room.is_set() and buffers.used == outbox.bytes == 3 * body
+    huge = Outbox(4096, 8 * MIB, buffers)
+    assert huge.offer(_item(1, 12 * MIB), b"", 0)
+    assert not huge.offer(_item(2, 1), b"", 0)
+    huge.close()  # a closed stream's queue no longer counts
+    assert buffers.used == 3 * body
+
+
+async def test_full_relay_buffers_shed_the_outbox_that_holds_the_most() -> None:
+    """Past the relay's buffers, the stream holding the most loses its queue and its
+    subscriptions lag (they resume from the log); the stream asking keeps going. When
+    the asking stream holds the most, it is the one refused."""
+    body = len(_item(1, MIB)[1])
+    hub = Hub(10 * body)
+    hog, other = Outbox(4096, 16 * MIB, hub.buffers), Outbox(4096, 16 * MIB, hub.buffers)
+    subs = [Subscription(hub, CHANNEL, b"hog", hog, 0, n) for n in (1, 2)]
+    for sub in subs:
+        hub.add(sub)
+        sub.catching_up = False
+    for seq in range(1, 7):
+        assert hog.offer(_item(seq, MIB), b"", 0, subs[seq % 2])
+    for seq in range(1, 5):
+        assert other.offer(_item(seq, MIB), b"", 0)
+    assert hub.buffers.used == 10 * body
+    assert other.offer(_item(5, MIB), b"", 0)  # the hog is shed
+    assert len(hog) == 0 and hog.bytes == 0 and hub.buffers.used == 5 * body
+    assert hub.buffers.shed == 1 and hub.lagged == 2 and not any(s.active for s in subs)
+    frames, _, _ = await hog.next_frames()
+    lagged = [pb.ServerFrame.FromString(f) for f in frames]
+    assert [f.lagged.channel for f in lagged] == [CHANNEL, CHANNEL]
+    for seq in range(6, 11):
+        assert other.offer(_item(seq, MIB), b"", 0)
+    assert not other.offer(_item(11, MIB), b"", 0)  # now it holds the most
+    assert hub.buffers.used == 10 * body
+
+
+async def test_in_flight_publishes_are_bounded_by_bytes_as_well_as_by_number() -> None:
+    """A stream's reader waits while 16 MiB of its publishes are in flight, however few,
+    or 1,024 however small."""
+    limit = InFlight(count=1024, size=16 * MIB, budget=Budget(256 * MIB))
+    for _ in range(16):
+        await limit.acquire(MIB)
+    waiting = asyncio.ensure_future(limit.acquire(MIB))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()
+    limit.release(MIB)
+    await asyncio.wait_for(waiting, 1)
+    assert (limit.publishes, limit.bytes, limit.budget.bytes) == (16, 16 * MIB, 16 * MIB)
+    few = InFlight(count=2, size=16 * MIB, budget=Budget(256 * MIB))
+    await few.acquire(1)
+    await few.acquire(1)
+    blocked = asyncio.ensure_future(few.acquire(1))
+    await asyncio.sleep(0.01)
+    assert not blocked.done()
+    blocked.cancel()
+
+
+async def test_the_relays_in_flight_budget_holds_back_streams_with_one_in_flight() -> None:
+    """Past the relay's budget, a stream with a publish in flight waits until another is
+    stored; a stream with none may still have one, so none is starved."""
+    budget = Budget(4 * MIB)
+    hog = InFlight(count=1024, size=16 * MIB, budget=budget)
+    other = InFlight(count=1024, size=16 * MIB, budget=budget)
+    for _ in range(4):
+        await hog.acquire(MIB)
+    held = asyncio.ensure_future(hog.acquire(MIB))
+    await other.acquire(MIB)  # its first: goes through
+    second = asyncio.ensure_future(other.acquire(MIB))
+    await asyncio.sleep(0.01)
+    assert not held.done() and not second.done() and budget.bytes == 5 * MIB
+    hog.release(MIB)
+    hog.release(MIB)  # under the budget again: one more fits
+    await asyncio.wait_for(held, 1)
+    assert not second.done()
+    hog.release(MIB)
+    await asyncio.wait_for(second, 1)
+    assert budget.bytes == 4 * MIB and (hog.publishes, other.publishes) == (2, 2)
+
+
+async def test_streams_that_do_not_read_hold_bounded_memory_and_a_reader_loses_nothing(
+    make_relay_settings: Any, tmp_path: Path
+) -> None:
+    """A member stores 36 MB of ~900 KB messages, then sixteen streams subscribe from the
+    start and never read. Each used to queue every stored message (576 MB here; a page
+    of 512 such messages per stream, 100 streams per connection, would take tens of GB).
+    Now each stream queues at most its 8 MiB and one delivery, all of them together the
+    relay's 64 MiB; a stream that reads gets every message once, in order, resuming from
+    its cursor whenever it is told it lagged (and skipping what it already has)."""
+    settings = make_relay_settings(subscriber_buffer_bytes=8 * MIB, relay_buffer_bytes=64 * MIB)
+    stack = await start_stack(settings, api_port=0, relay_port=0)
+    account = await new_account(stack.api_url, "flood@example.com")
+    sender = await connect(stack, account, b"sender")
+    readers: list[RelayStream] = []
+    try:
+        group = await create_channel(sender, (account.api_url, account.key), tmp_path, CHANNEL)
+        message = group.encrypt(b"x" * 900_000)
+        for _ in range(40):
+            await sender.request(pb.Publish(channel=CHANNEL, message=[message]))
+        token = await account.token()
+
+        def open_reader(n: int) -> RelayStream:
+            # A connection each: streams of one connection share its flow-control window,
+            # which those that do not read would keep full.
+            identity = f"reader{n}".encode().hex()
+            return RelayStream(
+                RelayChannel(stack.relay_url),
+                [("authorization", f"Bearer {token}"), ("svc-identity", identity)],
+            )
+
+        def subscribe(reader: RelayStream, request_id: int, after: int) -> None:
+            frame = pb.ClientFrame(
+                request_id=request_id, subscribe=pb.Subscribe(channel=CHANNEL, after_seq=after)
+            )
+            assert reader.write(frame.SerializeToString())
+
+        for n in range(16):
+            readers.append(open_reader(n))
+            subscribe(readers[-1], 1, 0)
+        hub = stack.relay.relay.hub
+        peak = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        # Sixteen queues of 5-8 MiB do not fit in 64 MiB: some streams are told they
+        # lagged (shed, or refused when they hold as much as any).
+        while not hub.lagged and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+            peak = max(peak, hub.buffers.used)
+        assert hub.lagged > 0
+        assert 0 < peak <= 64 * MIB, peak
+        assert max(s.outbox.bytes for s in stack.relay.relay.sessions) <= 8 * MIB + 1_000_000
+
+        reader, request_id = readers[0], 1
+        seqs: list[int] = []
+        deadline = loop.time() + 30
+        while len(seqs) < 40 and loop.time() < deadline:
+            _, ended, frames = reader.drain()
+            assert ended is None
+            for data in frames:
+                frame = pb.ServerFrame.FromString(data)
+                # As a client does: what an ended subscription still had queued arrives
+                # after the lag notice, and the next one repeats it.
+                seqs += [d.seq for d in frame.deliveries.items if d.seq > (seqs or [0])[-1]]
+                if frame.HasField("lagged"):
+                    request_id += 1
+                    subscribe(reader, request_id, seqs[-1] if seqs else 0)
+            await asyncio.sleep(0.01)
+        assert seqs == list(range(1, 41)), seqs
+    finally:
+        for r in readers:
+            r.close()
+        await sender.close()
         await stop_stack(stack)
