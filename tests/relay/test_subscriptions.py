@@ -10,10 +10,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from svc_sdk._native import RelayChannel, RelayStream
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.relay_client import RelayConnection
+from svc_server.config import Settings
 from svc_server.relay.hub import (
     MAX_BATCH,
     MAX_BATCH_BYTES,
@@ -368,6 +370,14 @@ async def test_an_outbox_is_bounded_by_bytes_as_well_as_by_deliveries() -> None:
     assert not huge.offer(_item(2, 1), b"", 0)
     huge.close()  # a closed stream's queue no longer counts
     assert buffers.used == 3 * body
+
+
+def test_buffer_settings_below_their_floor_are_refused(tmp_path: Path) -> None:
+    """A stream's byte bound must hold a catch-up page and the half it waits for; the
+    relay's, a few streams' worth."""
+    for field, value in (("subscriber_buffer_bytes", MIB), ("relay_buffer_bytes", 16 * MIB)):
+        with pytest.raises(ValidationError, match=field):
+            Settings(data_dir=tmp_path, **{field: value})
 
 
 async def test_full_relay_buffers_shed_the_outbox_that_holds_the_most() -> None:
