@@ -183,6 +183,68 @@ pub fn decode_event(frame: Bytes) -> Result<Option<Event>, prost::DecodeError> {
     Ok(ServerFrame::decode(frame)?.kind)
 }
 
+/// A Publish frame's request id, channel, and how many messages and ids it carries.
+#[derive(Debug, PartialEq)]
+pub struct PublishCounts {
+    pub request_id: u64,
+    pub channel: String,
+    pub messages: usize,
+    pub ids: usize,
+}
+
+/// What `ClientFrame::decode` would make of a Publish frame, counted without decoding
+/// one message: a frame of a million one-byte messages costs a pass over its bytes, not
+/// a million `Bytes`. None for a frame this does not follow exactly as prost does (not
+/// protobuf, a kind other than Publish anywhere in it, a channel that is not UTF-8):
+/// the caller then decodes it whole. Fields appear in any order and a repeated Publish
+/// merges into the one before, as in prost.
+pub fn count_publish(mut frame: &[u8]) -> Option<PublishCounts> {
+    use prost::encoding::{decode_key, decode_varint, skip_field, DecodeContext, WireType};
+
+    let mut counts: Option<PublishCounts> = None;
+    let mut request_id = 0;
+    while !frame.is_empty() {
+        let (tag, wire_type) = decode_key(&mut frame).ok()?;
+        match (tag, wire_type) {
+            (1, WireType::Varint) => request_id = decode_varint(&mut frame).ok()?,
+            (5, WireType::LengthDelimited) => {
+                let len = usize::try_from(decode_varint(&mut frame).ok()?).ok()?;
+                let (mut publish, rest) = (frame.get(..len)?, frame.get(len..)?);
+                frame = rest;
+                let c = counts.get_or_insert_with(|| PublishCounts {
+                    request_id: 0,
+                    channel: String::new(),
+                    messages: 0,
+                    ids: 0,
+                });
+                while !publish.is_empty() {
+                    let (tag, wire_type) = decode_key(&mut publish).ok()?;
+                    if !(1..=3).contains(&tag) {
+                        skip_field(wire_type, tag, &mut publish, DecodeContext::default()).ok()?;
+                        continue;
+                    }
+                    if wire_type != WireType::LengthDelimited {
+                        return None;
+                    }
+                    let len = usize::try_from(decode_varint(&mut publish).ok()?).ok()?;
+                    let (value, rest) = (publish.get(..len)?, publish.get(len..)?);
+                    publish = rest;
+                    match tag {
+                        1 => c.channel = std::str::from_utf8(value).ok()?.to_owned(),
+                        2 => c.messages += 1,
+                        _ => c.ids += 1,
+                    }
+                }
+            }
+            (1..=7 | 9, _) => return None,
+            _ => skip_field(wire_type, tag, &mut frame, DecodeContext::default()).ok()?,
+        }
+    }
+    let mut counts = counts?;
+    counts.request_id = request_id;
+    Some(counts)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,6 +264,75 @@ mod tests {
         let frame = ClientFrame::decode(wire.as_slice()).unwrap();
         assert_eq!(frame.request_id, u64::MAX);
         assert_eq!(frame.kind, Some(Request::Publish(publish)));
+    }
+
+    fn publish_frame(request_id: u64, channel: &str, messages: usize, ids: usize) -> Vec<u8> {
+        ClientFrame {
+            request_id,
+            kind: Some(Request::Publish(Publish {
+                channel: channel.into(),
+                message: vec![Bytes::from_static(b"m"); messages],
+                message_id: vec![Bytes::from_static(b"i"); ids],
+            })),
+        }
+        .encode_to_vec()
+    }
+
+    /// What prost decodes, as `count_publish` counts it (None when prost does not decode
+    /// a Publish).
+    fn decoded_counts(wire: &[u8]) -> Option<PublishCounts> {
+        match ClientFrame::decode(wire) {
+            Ok(ClientFrame {
+                request_id,
+                kind: Some(Request::Publish(p)),
+            }) => Some(PublishCounts {
+                request_id,
+                channel: p.channel,
+                messages: p.message.len(),
+                ids: p.message_id.len(),
+            }),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_publish_is_counted_as_prost_decodes_it() {
+        let one = publish_frame(7, "acme/ns/svc", 3000, 2);
+        let other = publish_frame(9, "acme/ns/other", 5, 0);
+        let subscribe = ClientFrame {
+            request_id: 4,
+            kind: Some(Request::Subscribe(Subscribe {
+                channel: "acme/ns/svc".into(),
+                ..Default::default()
+            })),
+        }
+        .encode_to_vec();
+        let mut unknown = one.clone();
+        unknown.extend_from_slice(&[0x58, 0x01]); // field 11, a varint: skipped
+        let cases: Vec<Vec<u8>> = vec![
+            one.clone(),
+            [one.clone(), other.clone()].concat(), // merged: counts add, the last channel and id
+            unknown,
+        ];
+        for wire in &cases {
+            assert_eq!(count_publish(wire), decoded_counts(wire));
+            assert!(count_publish(wire).is_some());
+        }
+        let merged = count_publish(&[one.clone(), other].concat()).unwrap();
+        assert_eq!(
+            (merged.request_id, merged.channel.as_str(), merged.messages),
+            (9, "acme/ns/other", 3005)
+        );
+        // Not followed here, left to prost: another kind, a cut frame, a bad channel.
+        assert_eq!(count_publish(&[one.clone(), subscribe.clone()].concat()), None);
+        assert_eq!(count_publish(&subscribe), None);
+        assert_eq!(count_publish(&one[..one.len() - 1]), None);
+        let bad_channel = publish_frame(1, "x", 1, 0);
+        let mut bad_channel = bad_channel.clone();
+        let at = bad_channel.iter().position(|b| *b == b'x').unwrap();
+        bad_channel[at] = 0xff;
+        assert_eq!(count_publish(&bad_channel), None);
+        assert_eq!(decoded_counts(&bad_channel), None);
     }
 
     #[test]

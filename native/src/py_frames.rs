@@ -12,8 +12,8 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use crate::frames::{
-    decode_event, ClientFrame, Commit, CreateChannel, Delivery, Event, JoinRequest, Publish, Refresh, Reply, Request,
-    ServerFrame, Subscribe, Unsubscribe,
+    count_publish, decode_event, ClientFrame, Commit, CreateChannel, Delivery, Event, JoinRequest, Publish, Refresh,
+    Reply, Request, ServerFrame, Subscribe, Unsubscribe,
 };
 
 /// A Python `bytes` as `Bytes`, without copying it (the object is kept alive instead).
@@ -173,9 +173,9 @@ fn encode_reply<'py>(
 }
 
 /// The most messages (and ids) of a Publish `publish_of` decodes: the relay's own limit
-/// (`MAX_PUBLISH_BATCH`). A frame of more is only counted, so that tiny messages in a
-/// large frame never become a Python object each, and it is not parsed a second time to
-/// be refused.
+/// (`MAX_PUBLISH_BATCH`). A frame of more is only counted (`count_publish`), so that tiny
+/// messages in a large frame are never decoded, nor become a Python object each, nor are
+/// parsed a second time to be refused.
 pub const MAX_DECODED_PUBLISH: usize = 1024;
 
 /// A client's frame as the relay's Python takes it: a Publish as `(request_id, channel,
@@ -185,6 +185,15 @@ pub const MAX_DECODED_PUBLISH: usize = 1024;
 /// None for any other frame, or bytes that are not a ClientFrame, which the relay parses
 /// with its generated module (and refuses as that module does).
 pub(crate) fn publish_of<'py>(py: Python<'py>, frame: &Bytes) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    // A frame this large may hold more messages than the limit (each takes two bytes at
+    // least): counted first, so that one of a million tiny messages is never decoded.
+    if frame.len() > 2 * MAX_DECODED_PUBLISH {
+        if let Some(c) = count_publish(frame) {
+            if c.messages > MAX_DECODED_PUBLISH || c.ids > MAX_DECODED_PUBLISH {
+                return Ok(Some((c.request_id, c.channel, c.messages, c.ids).into_pyobject(py)?));
+            }
+        }
+    }
     let Ok(ClientFrame {
         request_id,
         kind: Some(Request::Publish(publish)),

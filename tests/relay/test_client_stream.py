@@ -79,6 +79,23 @@ def test_a_publish_over_the_limits_is_refused_without_a_second_parse() -> None:
     assert parse_frame(Unparsed(small.SerializeToString())) == PublishFrame(3, "a/b/c", [b"m"], [])
 
 
+def test_a_publish_over_the_limits_is_counted_as_protobuf_reads_it() -> None:
+    """Fields in any order, and a Publish repeated in one frame (protobuf merges the two):
+    counted as a full parse would count them. A frame whose last kind is not a Publish
+    is that kind, as protobuf has it."""
+    many = [b"m"] * (MAX_DECODED_PUBLISH + 1)
+    messages_first = pb.ClientFrame(publish=pb.Publish(message=many)).SerializeToString()
+    then_channel = pb.ClientFrame(
+        request_id=9, publish=pb.Publish(channel="a/b/c", message_id=[b"i"])
+    ).SerializeToString()
+    wire = messages_first + then_channel
+    assert pb.ClientFrame.FromString(wire).publish.channel == "a/b/c"  # merged
+    assert parse_frame(Unparsed(wire)) == OversizedPublish(9, "a/b/c", len(many), 1)
+    unsubscribe = pb.ClientFrame(request_id=4, unsubscribe=pb.Unsubscribe(channel="a/b/c"))
+    last = parse_frame(Received(wire + unsubscribe.SerializeToString()))
+    assert isinstance(last, pb.ClientFrame) and last.WhichOneof("kind") == "unsubscribe"
+
+
 def frame(request_id: int) -> Received:
     return Received(
         pb.ClientFrame(
