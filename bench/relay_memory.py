@@ -31,6 +31,9 @@ from pathlib import Path
 import grpc
 import httpx
 
+# bench/e2e.py's reading of /proc/<pid>/status.
+from e2e import _status_mib
+
 from svc_sdk._argtypes import whole_number
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_sdk.mls import Engine, Group
@@ -42,12 +45,8 @@ CHANNEL = "bench/relay/memory"
 PAYLOAD = 900_000
 
 
-def _status(pid: int, field: str) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field)
+def _mib(pid: int, field: str) -> float:
+    return _status_mib(pid, field) or 0.0  # 0 once the process is gone
 
 
 class Peak:
@@ -55,14 +54,14 @@ class Peak:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self.before = _status(pid, "VmRSS")
+        self.before = _mib(pid, "VmRSS")
         self.peak = self.before
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._stop.wait(0.01):
-            self.peak = max(self.peak, _status(self.pid, "VmRSS"))
+            self.peak = max(self.peak, _mib(self.pid, "VmRSS"))
 
     def __enter__(self) -> Peak:
         self._thread.start()
@@ -71,8 +70,8 @@ class Peak:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, _status(self.pid, "VmRSS"))
-        self.hwm = _status(self.pid, "VmHWM")
+        self.peak = max(self.peak, _mib(self.pid, "VmRSS"))
+        self.hwm = _mib(self.pid, "VmHWM")
 
 
 async def member(stack: LocalStack, root: str) -> tuple[RelayConnection, Group, str]:
