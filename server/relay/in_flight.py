@@ -5,6 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+# Publishes of one stream waiting to be stored, and their bytes (see InFlight).
+MAX_IN_FLIGHT = 1024
+MAX_IN_FLIGHT_BYTES = 16 * 1024 * 1024
+# And of all streams together (see Budget).
+MAX_RELAY_IN_FLIGHT_BYTES = 256 * 1024 * 1024
+
 
 class Budget:
     """Bytes of publishes in flight in all of one relay's streams, against ``size``."""

@@ -22,9 +22,9 @@ from .access import Access
 from .frames import Frame
 from .groups import Groups, Validated, roster
 from .hub import Hub
-from .in_flight import Budget
+from .in_flight import MAX_RELAY_IN_FLIGHT_BYTES, Budget
 from .metrics import RelayMetrics
-from .session import MAX_RELAY_IN_FLIGHT_BYTES, StreamSession
+from .session import StreamSession
 from .store import Entry, LogStore, WelcomeEntry
 
 log = logging.getLogger("svc_server.relay")

@@ -19,7 +19,7 @@ from ..services.channels import Event
 from .frames import Frame, OversizedPublish, PublishFrame
 from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
-from .in_flight import InFlight
+from .in_flight import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, InFlight
 from .store import CommitRejected, CursorExpired, Entry, GroupConflict, StaleMessages
 
 if TYPE_CHECKING:
@@ -40,11 +40,6 @@ EXISTS = Code.ALREADY_EXISTS
 # not five hundred of them.
 CATCH_UP_PAGE = 512
 CATCH_UP_PAGE_BYTES = 4 * 1024 * 1024
-# Publishes of one stream waiting to be stored, and their bytes (see InFlight).
-MAX_IN_FLIGHT = 1024
-MAX_IN_FLIGHT_BYTES = 16 * 1024 * 1024
-# And of all streams together (see Budget).
-MAX_RELAY_IN_FLIGHT_BYTES = 256 * 1024 * 1024
 # Replies a client has not read; beyond this it is not reading its stream at all.
 MAX_UNREAD_REPLIES = 10_000
 # Messages in one Publish frame (the extension decodes Publish frames up to this many).
@@ -93,7 +88,7 @@ class StreamSession:
         )
         # A page goes out once the stream's queue is under half full, so it must fit in
         # the other half: a larger one would make every long catch-up lag, forever.
-        limit = relay.settings.subscriber_buffer
+        limit = settings.subscriber_buffer
         self.page = min(CATCH_UP_PAGE, limit - limit // 2)
         self.subscriptions: dict[str, Subscription] = {}
         # Channels this stream may use, with when that was last checked.
