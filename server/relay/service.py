@@ -4,7 +4,6 @@ store, the hub and the metrics shared by all streams."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -21,6 +20,7 @@ from ..services.channels import Event, Member
 from .access import Access
 from .frames import Frame
 from .groups import Groups, Validated, roster
+from .holds import Holds
 from .hub import Hub
 from .in_flight import MAX_RELAY_IN_FLIGHT_BYTES, Budget
 from .metrics import RelayMetrics
@@ -69,7 +69,7 @@ class Relay:
         self.sessions: set[StreamSession] = set()
         self._rechecks: set[asyncio.Task[None]] = set()
         # Per channel, entries stored after a handshake whose access recheck is running.
-        self._held: dict[str, collections.deque[Entry]] = {}
+        self.holds = Holds(settings.subscriber_buffer_bytes, settings.relay_buffer_bytes)
         self.metrics.tracked_groups.set_function(lambda: self.groups.cached[0])
         self.metrics.tracked_group_bytes.set_function(lambda: self.groups.cached[1])
         self.metrics.lagged.set_function(lambda: self.hub.lagged)
@@ -87,32 +87,39 @@ class Relay:
         an account the commit removed never receives what was sent after it."""
         now: list[Entry] = []
         for entry in entries:
-            held = self._held.get(entry.channel)
-            if held is not None:
-                held.append(entry)
+            hold = self.holds.get(entry.channel)
+            if hold is not None:
+                self.holds.add(hold, entry)
                 continue
             now.append(entry)
             if entry.handshake:
-                self._held[entry.channel] = collections.deque()
+                self.holds.start(entry.channel)
                 task = asyncio.ensure_future(self._recheck_and_release(entry.channel))
                 self._rechecks.add(task)
                 task.add_done_callback(self._rechecks.discard)
         self.hub.publish(now, welcomes)
 
     async def _recheck_and_release(self, channel: str) -> None:
-        held = self._held[channel]
+        hold = self.holds.get(channel)
+        assert hold is not None
         try:
             while True:
                 await self._recheck(channel)
-                released: list[Entry] = []
-                while held and not (released and released[-1].handshake):
-                    released.append(held.popleft())
+                if hold.dropped:
+                    # Held past its bounds: dropped, to be read from the log once every
+                    # commit among them has been rechecked for.
+                    if hold.take_dropped_handshake():
+                        continue
+                    for sub in self.hub.subscriptions(channel):
+                        sub.lag()
+                    return
+                released = self.holds.release(hold)
                 self.hub.publish(released, ())
                 if not (released and released[-1].handshake):
                     return
         finally:
             # Cancelled at shutdown: what is still held is stored; streams catch up.
-            del self._held[channel]
+            self.holds.end(channel)
 
     async def may_use(self, channel: str, account_id: uuid.UUID) -> bool:
         """Access follows membership: an account may use a channel while one of its agents
