@@ -90,6 +90,21 @@ REINDEX_AFTER = 30.0
 # how long it waits for notifications before looking at newly watched channels.
 SWEEP_SECONDS = 2.0
 NOTIFY_POLL_SECONDS = 0.05
+# A relay that fell behind on a channel reads its log on in pages of at most FOLLOW_PAGE
+# entries, ending with the one that reaches FOLLOW_PAGE_BYTES (a channel of 1 MiB
+# messages must not come back as a gigabyte in one reply), FOLLOW_CHANNELS channels at a
+# time. The blocking XREAD over every watched channel takes FOLLOW_PEEK entries of each
+# (at the default message limit, a page's bytes): fewer means that channel is caught
+# up; as many, that it is read on in pages. More than one, so that a follower a message
+# or two behind, as at a conversation's pace, reads nothing twice and makes no second
+# round trip.
+FOLLOW_PAGE = 1024
+FOLLOW_PAGE_BYTES = 4 * 1024 * 1024
+FOLLOW_CHANNELS = 4
+FOLLOW_PEEK = 4
+# Announcements of new Welcomes read at a time: each names a Welcome, which can be as
+# large as a message, and the follower loads them together.
+WELCOME_PAGE = 16
 # ``redis+cluster://[user:password@]host:port[,host:port...]`` (``rediss+cluster`` for
 # TLS): the seed nodes of a Redis Cluster; the rest are discovered.
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
@@ -616,13 +631,20 @@ class RedisLogStore:
     async def read(
         self, channel: str, after_seq: int, limit: int, max_bytes: int | None = None
     ) -> list[Entry]:
-        trimmed, rows = await self._read(
-            keys=[_log(channel), _meta(channel)],
-            args=[f"{after_seq + 1}-1", limit, max_bytes or 0],
-        )
+        trimmed, entries = await self._page(channel, f"{after_seq + 1}-1", limit, max_bytes)
         if trimmed and after_seq < int(trimmed):
             raise CursorExpired(int(trimmed))
-        return [
+        return entries
+
+    async def _page(
+        self, channel: str, start: bytes | str, limit: int, max_bytes: int | None
+    ) -> tuple[bytes, list[Entry]]:
+        """The READ script: the channel's trimmed-through seq (b"" if never trimmed) and
+        up to ``limit`` entries from the stream id ``start`` on (``(`` before it: after)."""
+        trimmed, rows = await self._read(
+            keys=[_log(channel), _meta(channel)], args=[start, limit, max_bytes or 0]
+        )
+        return trimmed, [
             _entry(channel, stream_id, dict(zip(fields[::2], fields[1::2], strict=True)))
             for stream_id, fields in rows
         ]
@@ -707,7 +729,8 @@ class RedisLogStore:
 
     async def _follow(self) -> None:
         """On one server: one XREAD over every watched channel, the Welcome stream and
-        this process's wake stream (written to when a channel is newly watched)."""
+        this process's wake stream (written to when a channel is newly watched), then
+        pages of what any of them holds beyond that."""
         assert self._follow_conn is not None
         wake_from = b"$"
         while True:
@@ -717,33 +740,55 @@ class RedisLogStore:
             }
             streams.update({_log(ch): last for ch, last in self._watched.items()})
             try:
-                result = await self._follow_conn.xread(streams, block=FOLLOW_BLOCK_MS, count=1024)
+                result = await self._follow_conn.xread(
+                    streams, block=FOLLOW_BLOCK_MS, count=FOLLOW_PEEK
+                )
+                behind: list[str] = []
+                for stream, rows in result or ():
+                    name = stream.decode()
+                    if name == self._wake_key:
+                        wake_from = rows[-1][0]
+                    elif name == WELCOME_STREAM:
+                        self._welcomes_from = rows[-1][0]
+                        self._sink([], await self._announced(rows))
+                        if len(rows) == FOLLOW_PEEK:
+                            await self._welcomes_on()
+                    else:
+                        channel = _channel_of(name, "log")
+                        if channel not in self._watched:
+                            continue
+                        self._watched[channel] = rows[-1][0]
+                        self._sink([_entry(channel, sid, f) for sid, f in rows], [])
+                        if len(rows) == FOLLOW_PEEK:
+                            behind.append(channel)
+                await self._catch_up(behind)
             except asyncio.CancelledError:
                 raise
             except Exception:
+                # The cursors moved only past what the sink got: the next XREAD resumes.
                 log.exception("following Redis streams failed; retrying")
                 await asyncio.sleep(0.5)
-                continue
-            for stream, rows in result or ():
-                name = stream.decode()
-                if name == self._wake_key:
-                    wake_from = rows[-1][0]
-                elif name == WELCOME_STREAM:
-                    self._welcomes_from = rows[-1][0]
-                    self._sink([], await self._announced(rows))
-                else:
-                    channel = _channel_of(name, "log")
-                    if channel not in self._watched:
-                        continue
-                    self._watched[channel] = rows[-1][0]
-                    self._sink([_entry(channel, sid, f) for sid, f in rows], [])
+
+    async def _welcomes_on(self) -> None:
+        """Reads the Welcome stream on past its cursor, WELCOME_PAGE announcements at a
+        time, to its end."""
+        while True:
+            rows = await self.redis.xrange(
+                WELCOME_STREAM, min=b"(" + self._welcomes_from, count=WELCOME_PAGE
+            )
+            if not rows:
+                return
+            self._welcomes_from = rows[-1][0]
+            self._sink([], await self._announced(rows))
+            if len(rows) < WELCOME_PAGE:
+                return
 
     async def _follow_welcomes(self) -> None:
         """On a cluster: the Welcome stream, one key, with its own blocking XREAD."""
         while True:
             try:
                 result = await self._follow_conn.xread(
-                    {WELCOME_STREAM: self._welcomes_from}, block=FOLLOW_BLOCK_MS, count=1024
+                    {WELCOME_STREAM: self._welcomes_from}, block=FOLLOW_BLOCK_MS, count=WELCOME_PAGE
                 )
             except asyncio.CancelledError:
                 raise
@@ -756,21 +801,27 @@ class RedisLogStore:
                 self._sink([], await self._announced(rows))
 
     async def _catch_up(self, channels: Iterable[str]) -> None:
-        """Hands the sink what each watched channel's log holds past its cursor."""
+        """Hands the sink what each watched channel's log holds past its cursor, a page
+        at a time (FOLLOW_PAGE entries or FOLLOW_PAGE_BYTES), FOLLOW_CHANNELS at once."""
         due = [ch for ch in channels if ch in self._watched]
         while due:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for ch in due:
-                    pipe.xrange(_log(ch), min=b"(" + self._watched[ch], count=1024)
-                results = await pipe.execute()
             more = []
-            for ch, rows in zip(due, results, strict=True):
-                if not rows or ch not in self._watched:
-                    continue
-                self._watched[ch] = rows[-1][0]
-                self._sink([_entry(ch, sid, f) for sid, f in rows], [])
-                if len(rows) == 1024:
-                    more.append(ch)
+            for i in range(0, len(due), FOLLOW_CHANNELS):
+                group = [ch for ch in due[i : i + FOLLOW_CHANNELS] if ch in self._watched]
+                pages = await asyncio.gather(
+                    *(
+                        self._page(ch, b"(" + self._watched[ch], FOLLOW_PAGE, FOLLOW_PAGE_BYTES)
+                        for ch in group
+                    )
+                )
+                for ch, (_, entries) in zip(group, pages, strict=True):
+                    if not entries or ch not in self._watched:
+                        continue
+                    self._watched[ch] = f"{entries[-1].seq}-1".encode()
+                    self._sink(entries, [])
+                    size = sum(len(e.message) for e in entries)
+                    if len(entries) == FOLLOW_PAGE or size >= FOLLOW_PAGE_BYTES:
+                        more.append(ch)
             due = more
 
     async def _follow_notified(self) -> None:

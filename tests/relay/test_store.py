@@ -218,6 +218,73 @@ async def test_a_second_store_follows_entries_and_welcomes(store: LogStore, back
         await other.close()
 
 
+async def test_a_second_store_that_fell_behind_reads_on_in_bounded_pages(
+    store: LogStore, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay process that falls behind on channels of large messages reads their logs
+    on a page at a time, not all it missed in one reply: no batch it hands on passes a
+    page's bytes by more than one message, and every entry comes once, in order."""
+    if not backend:
+        pytest.skip("one SQLite store per relay process")
+    monkeypatch.setattr(redis_store, "FOLLOW_PAGE_BYTES", 256 * 1024)
+    other = RedisLogStore(backend, 3600)
+    batches: list[list[Entry]] = []
+    other.set_sink(lambda new, announced: batches.append(list(new)) if new else None)
+    channels = [f"b/e/hind{i}" for i in range(3)]
+    message = 100_000
+    for channel in channels:
+        for i in range(20):  # 2 MB a channel
+            await store.append(channel, b"s", bytes([i]) * message, 0)
+    await other.start()
+    try:
+        for channel in channels:
+            other.watch(channel, 0)  # from the start: all of it is behind
+        for _ in range(200):
+            if sum(map(len, batches)) >= 20 * len(channels):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        for channel in channels:
+            got = [(e.seq, e.message[0]) for b in batches for e in b if e.channel == channel]
+            assert got == [(i + 1, i) for i in range(20)], channel
+        # The XREAD's few entries a channel, or a page and the message that reached it.
+        bound = max(redis_store.FOLLOW_PEEK * message, 256 * 1024 + message)
+        largest = max(sum(len(e.message) for e in b) for b in batches)
+        assert largest <= bound, f"one batch of {largest} bytes"
+    finally:
+        await other.close()
+
+
+async def test_a_second_store_reads_on_through_a_burst_of_welcomes(
+    store: LogStore, backend: str
+) -> None:
+    """More Welcomes announced at once than the follower reads at a time (commits in many
+    channels at once): each comes, once."""
+    if not backend:
+        pytest.skip("one SQLite store per relay process")
+    other = RedisLogStore(backend, 3600)
+    welcomes: list[Any] = []
+    other.set_sink(lambda new, announced: welcomes.extend(announced))
+    await other.start()
+    joiner = b"\x06" * 16 + b"j"
+    channels = [f"w/b/urst{i}" for i in range(3 * redis_store.WELCOME_PAGE + 5)]
+
+    async def commit(channel: str) -> None:
+        await store.create_group(channel, b"group-0")
+        await store.commit(channel, b"c", 0, b"commit", channel.encode(), [joiner], (1, b"g1"))
+
+    try:
+        await asyncio.gather(*(commit(ch) for ch in channels))
+        for _ in range(200):
+            if len(welcomes) >= len(channels):
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        assert sorted(w.welcome for w in welcomes) == sorted(ch.encode() for ch in channels)
+    finally:
+        await other.close()
+
+
 async def test_trim_covers_every_channel(store: LogStore) -> None:
     channels = [f"t/r/im{i}" for i in range(8)]  # on a cluster, on every primary
     for channel in channels:
