@@ -6,6 +6,8 @@ import argparse
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from .config import Settings
 
 
@@ -60,6 +62,8 @@ def run_api(args: argparse.Namespace) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    from pydantic import ValidationError
+
     from .config import Settings
 
     overrides: dict[str, str] = {}
@@ -74,7 +78,23 @@ def _settings(args: argparse.Namespace) -> Settings:
         value = getattr(args, name, None)
         if value:
             overrides[name] = value
-    return Settings(**overrides)  # type: ignore[arg-type]
+    from .errors import StartupError
+
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise StartupError(settings_error(exc)) from None
+
+
+def settings_error(exc: ValidationError) -> str:
+    """What ``svc`` prints for settings that do not validate: each by its environment
+    variable's name, without its value (settings such as SVC_DATABASE_URL carry
+    passwords), instead of pydantic's traceback."""
+    problems = [
+        "_".join(["SVC", *(str(part).upper() for part in err["loc"])]) + f": {err['msg']}"
+        for err in exc.errors()
+    ]
+    return "configuration error: " + "; ".join(problems)
 
 
 def run_up(args: argparse.Namespace) -> None:

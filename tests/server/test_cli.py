@@ -196,3 +196,32 @@ def test_ctrl_c_in_a_command_exits_130_without_a_traceback(
     monkeypatch.setattr(svc_cli, "_mcp", interrupted)
     assert svc_cli.main(["mcp"]) == 130
     assert capsys.readouterr().err == ""
+
+
+def test_a_bad_setting_is_named_without_a_traceback_or_its_value(tmp_path: Path) -> None:
+    """A server command given settings that do not validate says which, by the
+    environment variable to fix, and exits 1; values are not echoed (a database URL
+    carries its password)."""
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "SVC_DATA_DIR": str(tmp_path / "data"),
+        "SVC_SUBSCRIBER_BUFFER_BYTES": "5",
+        "SVC_RETENTION_SECONDS": "a week",
+        "SVC_DATABASE_URL": "postgresql://svc:hunter2@db.invalid/svc",
+    }
+    for command in ("up", "relay", "api"):
+        done = subprocess.run(
+            [sys.executable, "-P", "-m", "svc_cli", command],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, (command, done.stderr)
+        assert done.stderr.startswith("svc: configuration error: SVC_RETENTION_SECONDS: ")
+        assert "SVC_SUBSCRIBER_BUFFER_BYTES: Input should be greater than or equal to" in (
+            done.stderr
+        )
+        assert "Traceback" not in done.stderr and "hunter2" not in done.stderr
+        assert not (tmp_path / "data").exists(), "nothing started"
