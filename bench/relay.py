@@ -50,7 +50,13 @@ def rss_mb(pid: int) -> float:
 def spawn(args: list[str], cpu: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         ["taskset", "-c", cpu, sys.executable, "-P", "-m", "svc_cli", *args],
-        env={**os.environ, "SVC_SIGNUP_RATE_LIMIT": "1000/minute", **(env or {})},
+        env={
+            **os.environ,
+            "SVC_SIGNUP_RATE_LIMIT": "1000/minute",
+            # 1,000 idle streams of one account, and those of the phases before.
+            "SVC_RELAY_STREAMS_PER_ACCOUNT": "10000",
+            **(env or {}),
+        },
         stdout=subprocess.DEVNULL,
     )
 

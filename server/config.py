@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         ge=64 * 1024 * 1024,
         description="Bytes of deliveries queued in all streams; past it the fullest stream lags",
     )
+    relay_streams_per_account: int = Field(
+        1000,
+        ge=1,
+        description="Streams one account may have open on one relay process at once",
+    )
     relay_group_cache_bytes: int = Field(
         256 * 1024 * 1024,
         ge=1024 * 1024,

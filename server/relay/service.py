@@ -4,6 +4,7 @@ store, the hub and the metrics shared by all streams."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -67,6 +68,7 @@ class Relay:
         self.in_flight = Budget(MAX_RELAY_IN_FLIGHT_BYTES)  # publishes waiting to be stored
         self.groups = Groups(store, credential_keys, settings.relay_group_cache_bytes)
         self.sessions: set[StreamSession] = set()
+        self._streams_of: collections.Counter[uuid.UUID] = collections.Counter()
         self._rechecks: set[asyncio.Task[None]] = set()
         # Per channel, entries stored after a handshake whose access recheck is running.
         self.holds = Holds(settings.subscriber_buffer_bytes, settings.relay_buffer_bytes)
@@ -255,10 +257,22 @@ class Relay:
 
     async def connect(self, requests: AsyncIterator[Frame | None], context: StreamContext) -> None:
         claims, identity = await self._authenticate(context)
+        account = claims.account_id
+        # Each stream holds memory and buffers of its own: one account's streams must not
+        # crowd out every other account's.
+        limit = self.settings.relay_streams_per_account
+        if self._streams_of[account] >= limit:
+            self.metrics.streams_ended.labels(Code.RESOURCE_EXHAUSTED.name).inc()
+            await context.abort(
+                Code.RESOURCE_EXHAUSTED,
+                f"the account already has its limit of {limit} open streams on this relay "
+                "(SVC_RELAY_STREAMS_PER_ACCOUNT); close one or raise the limit",
+            )
         # Tells the client the stream is accepted before it writes (RelayConnection.open).
         await context.send_initial_metadata(())
         session = StreamSession(self, claims, identity)
         self.sessions.add(session)
+        self._streams_of[account] += 1
         self.hub.connect(session.member, session.outbox)
         self.metrics.streams.inc()
         reader = asyncio.create_task(self._read(session, requests))
@@ -281,6 +295,9 @@ class Relay:
                     task.cancel()
             session.shutdown()
             self.sessions.discard(session)
+            self._streams_of[account] -= 1
+            if not self._streams_of[account]:
+                del self._streams_of[account]
             self.metrics.streams.dec()
         if session.closed is not None and session.closed[0] != Code.OK:
             self.metrics.streams_ended.labels(session.closed[0].name).inc()

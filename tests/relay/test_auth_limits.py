@@ -263,3 +263,42 @@ async def test_client_that_never_reads_is_cut_off(make_relay_settings: Any) -> N
     finally:
         relay_session.MAX_UNREAD_REPLIES = limit
         await stop_stack(stack)
+
+
+async def test_an_account_has_a_bounded_number_of_streams(make_relay_settings: Any) -> None:
+    """Past SVC_RELAY_STREAMS_PER_ACCOUNT, a new stream of that account is refused with
+    RESOURCE_EXHAUSTED and a message that names the setting; the account's open streams
+    and other accounts' go on, and a stream that closes frees its place."""
+    from .conftest import new_account
+
+    stack = await start_stack(
+        make_relay_settings(relay_streams_per_account=3), api_port=0, relay_port=0
+    )
+    opened: list[RelayConnection] = []
+    try:
+        hog = await new_account(stack.api_url, "hog@example.com")
+        token = await hog.token()
+        for n in range(3):
+            opened.append(RelayConnection(stack.relay_url, token, f"agent{n}".encode()))
+            await opened[-1].open()
+        refused = RelayConnection(stack.relay_url, token, b"one-too-many")
+        with pytest.raises(StreamError) as caught:
+            await refused.open()
+        await refused.close()
+        assert caught.value.status == Code.RESOURCE_EXHAUSTED
+        assert "SVC_RELAY_STREAMS_PER_ACCOUNT" in str(caught.value)
+        for conn in opened:  # still served
+            await conn.request(pb.Unsubscribe(channel=CHANNEL), timeout=10)
+        other = await new_account(stack.api_url, "other@example.com")
+        assert await open_status(stack, await other.token()) == grpc.StatusCode.OK
+        await opened.pop().close()
+        for _ in range(100):  # the relay sees the stream end
+            if await open_status(stack, token, b"agent-again") == grpc.StatusCode.OK:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("a closed stream's place was never freed")
+    finally:
+        for conn in opened:
+            await conn.close()
+        await stop_stack(stack)
