@@ -761,6 +761,7 @@ class RedisLogStore:
                         self._sink([_entry(channel, sid, f) for sid, f in rows], [])
                         if len(rows) == FOLLOW_PEEK:
                             behind.append(channel)
+                # Those still behind come back in the next XREAD, which does not block.
                 await self._catch_up(behind)
             except asyncio.CancelledError:
                 raise
@@ -800,29 +801,30 @@ class RedisLogStore:
                 self._welcomes_from = rows[-1][0]
                 self._sink([], await self._announced(rows))
 
-    async def _catch_up(self, channels: Iterable[str]) -> None:
-        """Hands the sink what each watched channel's log holds past its cursor, a page
-        at a time (FOLLOW_PAGE entries or FOLLOW_PAGE_BYTES), FOLLOW_CHANNELS at once."""
+    async def _catch_up(self, channels: Iterable[str]) -> set[str]:
+        """Hands the sink the next page (FOLLOW_PAGE entries or FOLLOW_PAGE_BYTES) of what
+        each watched channel's log holds past its cursor, FOLLOW_CHANNELS at once, and
+        returns the channels with more. One page each, not all: a channel far behind must
+        not hold up the others' new entries while it is read."""
         due = [ch for ch in channels if ch in self._watched]
-        while due:
-            more = []
-            for i in range(0, len(due), FOLLOW_CHANNELS):
-                group = [ch for ch in due[i : i + FOLLOW_CHANNELS] if ch in self._watched]
-                pages = await asyncio.gather(
-                    *(
-                        self._page(ch, b"(" + self._watched[ch], FOLLOW_PAGE, FOLLOW_PAGE_BYTES)
-                        for ch in group
-                    )
+        more = set()
+        for i in range(0, len(due), FOLLOW_CHANNELS):
+            group = [ch for ch in due[i : i + FOLLOW_CHANNELS] if ch in self._watched]
+            pages = await asyncio.gather(
+                *(
+                    self._page(ch, b"(" + self._watched[ch], FOLLOW_PAGE, FOLLOW_PAGE_BYTES)
+                    for ch in group
                 )
-                for ch, (_, entries) in zip(group, pages, strict=True):
-                    if not entries or ch not in self._watched:
-                        continue
-                    self._watched[ch] = f"{entries[-1].seq}-1".encode()
-                    self._sink(entries, [])
-                    size = sum(len(e.message) for e in entries)
-                    if len(entries) == FOLLOW_PAGE or size >= FOLLOW_PAGE_BYTES:
-                        more.append(ch)
-            due = more
+            )
+            for ch, (_, entries) in zip(group, pages, strict=True):
+                if not entries or ch not in self._watched:
+                    continue
+                self._watched[ch] = f"{entries[-1].seq}-1".encode()
+                self._sink(entries, [])
+                size = sum(len(e.message) for e in entries)
+                if len(entries) == FOLLOW_PAGE or size >= FOLLOW_PAGE_BYTES:
+                    more.add(ch)
+        return more
 
     async def _follow_notified(self) -> None:
         """On a cluster: subscribes to the watched channels' notifications (on any one
@@ -850,8 +852,7 @@ class RedisLogStore:
                 if time.monotonic() - swept >= SWEEP_SECONDS:
                     due, swept = due | wanted, time.monotonic()
                 if due:
-                    await self._catch_up(due)
-                    due = set()
+                    due = await self._catch_up(due)  # those with more are read next round
                 if not subscribed:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._watch_changed.wait(), SWEEP_SECONDS)
@@ -859,17 +860,21 @@ class RedisLogStore:
                 # Reads as soon as one notification names an entry not yet read, so
                 # entries are handed on in batches about as small as they are stored (a
                 # subscriber's buffer may hold only a few); notifications of entries an
-                # earlier read already got are passed over without a round trip.
+                # earlier read already got are passed over without a round trip. With
+                # channels due, it takes only notifications already there, so a channel
+                # far behind, read a page a round, does not keep the others waiting.
+                taken = 0
                 while (
-                    not due
-                    and not self._watch_changed.is_set()
+                    not self._watch_changed.is_set()
                     and time.monotonic() - swept < SWEEP_SECONDS
+                    and not (due and taken >= FOLLOW_PAGE)
                 ):
                     message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=NOTIFY_POLL_SECONDS
+                        ignore_subscribe_messages=True, timeout=0.0 if due else NOTIFY_POLL_SECONDS
                     )
                     if message is None:
                         break
+                    taken += 1
                     if message["type"] != "message":
                         continue
                     channel = _channel_of(message["channel"], "new")

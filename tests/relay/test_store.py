@@ -255,6 +255,41 @@ async def test_a_second_store_that_fell_behind_reads_on_in_bounded_pages(
         await other.close()
 
 
+async def test_a_channel_far_behind_does_not_hold_up_another_channels_entries(
+    store: LogStore, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relay reading a long backlog of one channel, a page at a time, hands on another
+    channel's new entry before that backlog is through."""
+    if not backend:
+        pytest.skip("one SQLite store per relay process")
+    monkeypatch.setattr(redis_store, "FOLLOW_PAGE", 8)
+    for _ in range(8):
+        await store.append_many("far/be/hind", b"s", [(b"m", 0)] * 500)
+    other = RedisLogStore(backend, 3600)
+    seen: list[tuple[str, int]] = []
+    started = asyncio.Event()
+
+    def sink(new: Any, announced: Any) -> None:
+        seen.extend((e.channel, e.seq) for e in new)
+        started.set()
+
+    other.set_sink(sink)
+    await other.start()
+    try:
+        other.watch("far/be/hind", 0)
+        other.watch("just/now/new", 0)
+        await asyncio.wait_for(started.wait(), 10)
+        await store.append("just/now/new", b"s", b"now", 0)
+        for _ in range(400):
+            if ("far/be/hind", 4000) in seen and ("just/now/new", 1) in seen:
+                break
+            await asyncio.sleep(0.05)
+        assert seen.index(("just/now/new", 1)) < seen.index(("far/be/hind", 4000))
+        assert [seq for ch, seq in seen if ch == "far/be/hind"] == list(range(1, 4001))
+    finally:
+        await other.close()
+
+
 async def test_a_second_store_reads_on_through_a_burst_of_welcomes(
     store: LogStore, backend: str
 ) -> None:
