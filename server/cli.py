@@ -65,6 +65,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     from pydantic import ValidationError
 
     from .config import Settings
+    from .errors import StartupError
 
     overrides: dict[str, str] = {}
     for name in (
@@ -78,8 +79,6 @@ def _settings(args: argparse.Namespace) -> Settings:
         value = getattr(args, name, None)
         if value:
             overrides[name] = value
-    from .errors import StartupError
-
     try:
         return Settings(**overrides)  # type: ignore[arg-type]
     except ValidationError as exc:

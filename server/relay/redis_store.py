@@ -771,18 +771,14 @@ class RedisLogStore:
                 await asyncio.sleep(0.5)
 
     async def _welcomes_on(self) -> None:
-        """Reads the Welcome stream on past its cursor, WELCOME_PAGE announcements at a
-        time, to its end."""
-        while True:
-            rows = await self.redis.xrange(
-                WELCOME_STREAM, min=b"(" + self._welcomes_from, count=WELCOME_PAGE
-            )
-            if not rows:
-                return
+        """Reads the next WELCOME_PAGE announcements past the Welcome stream's cursor
+        (more come back in the next XREAD)."""
+        rows = await self.redis.xrange(
+            WELCOME_STREAM, min=b"(" + self._welcomes_from, count=WELCOME_PAGE
+        )
+        if rows:
             self._welcomes_from = rows[-1][0]
             self._sink([], await self._announced(rows))
-            if len(rows) < WELCOME_PAGE:
-                return
 
     async def _follow_welcomes(self) -> None:
         """On a cluster: the Welcome stream, one key, with its own blocking XREAD."""
