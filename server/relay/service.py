@@ -19,6 +19,7 @@ from ..auth.key_packages import CredentialKeys
 from ..config import Settings
 from ..services.channels import Event, Member
 from .access import Access
+from .denials import Denials
 from .frames import Frame
 from .groups import Groups, Validated, roster
 from .holds import Holds
@@ -66,6 +67,7 @@ class Relay:
         self.metrics = metrics or RelayMetrics()
         self.hub = Hub(settings.relay_buffer_bytes)
         self.in_flight = Budget(MAX_RELAY_IN_FLIGHT_BYTES)  # publishes waiting to be stored
+        self.denials = Denials()  # refused access checks, per account
         self.groups = Groups(store, credential_keys, settings.relay_group_cache_bytes)
         self.sessions: set[StreamSession] = set()
         self._streams_of: collections.Counter[uuid.UUID] = collections.Counter()

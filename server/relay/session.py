@@ -35,6 +35,7 @@ EXPIRED_CURSOR = Code.OUT_OF_RANGE
 UNAUTHENTICATED = Code.UNAUTHENTICATED
 UNAVAILABLE = Code.UNAVAILABLE
 EXISTS = Code.ALREADY_EXISTS
+THROTTLED = Code.RESOURCE_EXHAUSTED
 # A catch-up read: at most this many entries, and none past the one that reaches this
 # many bytes, so that a subscription catching up holds a few large messages at a time,
 # not five hundred of them.
@@ -183,10 +184,22 @@ class StreamSession:
         checked = self.allowed.get(channel)
         if checked is not None and time.monotonic() - checked < ACCESS_TTL:
             return
-        if not await self.relay.may_use(channel, self.claims.account_id):
+        account = self.claims.account_id
+        self._check_denials()
+        if not await self.relay.may_use(channel, account):
+            self.relay.denials.spend(account)
             self.allowed.pop(channel, None)
             raise _denied(channel)
         self.allowed[channel] = time.monotonic()
+
+    def _check_denials(self) -> None:
+        """Refuses a request that needs an access check when the account has caused too
+        many refusals lately (server/relay/denials.py), without the check."""
+        if self.relay.denials.exhausted(self.claims.account_id):
+            raise RequestError(
+                THROTTLED,
+                "too many requests for channels this account may not use; retry in a few seconds",
+            )
 
     def revoke(self, channel: str) -> None:
         """The account lost access to ``channel``: this stream stops receiving it."""
@@ -229,7 +242,9 @@ class StreamSession:
             group = await groups.observe(req.channel, req.group_info, self.member)
         except Invalid as exc:
             raise RequestError(INVALID, f"group_info refused: {exc}") from None
+        self._check_denials()
         if await self.relay.access.create(req.channel, self.claims.account_id) == "denied":
+            self.relay.denials.spend(self.claims.account_id)
             raise _denied(req.channel)
         async with groups.lock(req.channel):
             if not await groups.create(req.channel, group):

@@ -124,9 +124,9 @@ def relay_error(exc: BaseException, channel: str | None = None) -> SvcError:
     A refused token is an AuthError. Any other failure of the stream itself (no
     ``channel``) is a TransportError: the link reconnects. About a channel: a refused
     channel (another account's, or not admitted) is an AccessError; a relay that cannot
-    serve it now (its store unavailable, a cursor it no longer holds) or a broken stream
-    a TransportError; any other code means the request itself was wrong, an
-    InternalError."""
+    serve it now (its store unavailable, a cursor it no longer holds, an account over its
+    budget of refusals) or a broken stream a TransportError; any other code means the
+    request itself was wrong, an InternalError."""
     from svc_sdk.relay_frames import RelayError, StreamError, code_name
 
     if isinstance(exc, RelayError):
@@ -141,6 +141,6 @@ def relay_error(exc: BaseException, channel: str | None = None) -> SvcError:
         return TransportError(f"relay {name}: {message}")
     if name in ("PERMISSION_DENIED", "ALREADY_EXISTS"):
         return AccessError(f"channel {channel!r}: {message}")
-    if not replied or name in ("UNAVAILABLE", "OUT_OF_RANGE"):
+    if not replied or name in ("UNAVAILABLE", "OUT_OF_RANGE", "RESOURCE_EXHAUSTED"):
         return TransportError(f"channel {channel!r}: {message}")
     return InternalError(f"relay rejected a request for {channel!r} ({name}): {message}")

@@ -346,3 +346,22 @@ def test_corrupt_data_dir(stack: LocalStack, tmp_path: Path) -> None:
 
             walk.call(f"SvcClient (data_dir {rel} {how})", open_and_use)
     walk.check()
+
+
+def test_relay_codes_map_to_the_spec_errors() -> None:
+    """The one mapping of relay codes: about a channel, a refusal is an AccessError and
+    what the relay cannot serve now (a budget of refusals spent included) a
+    TransportError, to retry; a wrong request is an InternalError."""
+    from svc_sdk.errors import AccessError, InternalError, TransportError, relay_error
+    from svc_sdk.relay_frames import Code, RelayError, Reply
+
+    def mapped(code: Code) -> type[Exception]:
+        return type(relay_error(RelayError(Reply(code=code, message="why")), "a/b/c"))
+
+    assert mapped(Code.PERMISSION_DENIED) is AccessError
+    assert mapped(Code.RESOURCE_EXHAUSTED) is TransportError
+    assert mapped(Code.UNAVAILABLE) is TransportError
+    assert mapped(Code.INVALID_ARGUMENT) is InternalError
+    assert str(
+        relay_error(RelayError(Reply(code=Code.RESOURCE_EXHAUSTED, message="retry")), "a/b/c")
+    ).startswith("transport error: ")

@@ -302,3 +302,41 @@ async def test_an_account_has_a_bounded_number_of_streams(make_relay_settings: A
         for conn in opened:
             await conn.close()
         await stop_stack(stack)
+
+
+async def test_an_account_asking_for_channels_it_may_not_use_is_throttled(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """Each refused access check costs the relay a group lookup and a database query:
+    past its budget (100 at once, then 10 a second), an account's requests that need
+    a check are answered RESOURCE_EXHAUSTED without one, while its requests that need
+    none, and every other account, go on."""
+    from svc_server.relay.denials import DENIAL_BURST, Denials
+
+    from .conftest import connect, new_account
+
+    now = [0.0]  # the budget's clock, moved by hand
+    stack.relay.relay.denials = Denials(clock=lambda: now[0])
+    owner = await connect(stack, account, b"owner")
+    await create_channel(owner, (account.api_url, account.key), tmp_path, CHANNEL)
+    prober = await new_account(stack.api_url, "prober@example.com")
+    probe = await connect(stack, prober, b"probe")
+    own = "p/r/ober"
+    await create_channel(probe, (prober.api_url, prober.key), tmp_path, own)
+    await probe.request(pb.Subscribe(channel=own))
+
+    async def codes(n: int) -> list[int]:
+        return [
+            (await probe.request(pb.Subscribe(channel=CHANNEL), check=False)).code for _ in range(n)
+        ]
+
+    denied, throttled = Code.PERMISSION_DENIED, Code.RESOURCE_EXHAUSTED
+    assert await codes(DENIAL_BURST + 5) == [denied] * DENIAL_BURST + [throttled] * 5
+    reply = await probe.request(pb.CreateChannel(channel=CHANNEL, group_info=b""), check=False)
+    assert reply.code == throttled and "retry" in reply.message
+    await probe.request(pb.Unsubscribe(channel=own))  # needs no check: served
+    await owner.request(pb.Subscribe(channel=CHANNEL))  # another account: unaffected
+    now[0] += 0.25  # 10 a second: two more refusals, each checked
+    assert await codes(3) == [denied, denied, throttled]
+    await probe.close()
+    await owner.close()
