@@ -35,6 +35,8 @@ BENCH = Path(__file__).parents[1] / "bench"
         ("receiver_memory.py", ["--runs", "0"], "--runs: must be at least 1, not 0"),
         ("relay_memory.py", ["--streams", "0"], "--streams: must be at least 1, not 0"),
         ("hostile_frames.py", ["--calls", "0"], "--calls: must be at least 1, not 0"),
+        ("refused_requests.py", ["--pings", "10"], "--pings: must be at least 100, not 10"),
+        ("refused_requests.py", ["--streams", "0"], "--streams: must be at least 1, not 0"),
         ("relay_memory.py", ["--publishes", "lots"], "--publishes: 'lots' is not a whole number"),
         ("receiver_memory.py", ["--size", "916481"], "--size: must be 1 to 916480, not 916481"),
     ],
