@@ -185,7 +185,8 @@ class StreamSession:
         if checked is not None and time.monotonic() - checked < ACCESS_TTL:
             return
         account = self.claims.account_id
-        self._check_denials()
+        if checked is None:  # a channel this stream was allowed is never held up
+            self._check_denials()
         if not await self.relay.may_use(channel, account):
             self.relay.denials.spend(account)
             self.allowed.pop(channel, None)

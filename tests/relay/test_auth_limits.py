@@ -305,12 +305,13 @@ async def test_an_account_has_a_bounded_number_of_streams(make_relay_settings: A
 
 
 async def test_an_account_asking_for_channels_it_may_not_use_is_throttled(
-    stack: Stack, account: Account, tmp_path: Path
+    stack: Stack, account: Account, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each refused access check costs the relay a group lookup and a database query:
     past its budget (100 at once, then 10 a second), an account's requests that need
     a check are answered RESOURCE_EXHAUSTED without one, while its requests that need
-    none, and every other account, go on."""
+    none, the channels a stream was allowed before, and every other account go on."""
+    from svc_server.relay import session
     from svc_server.relay.denials import DENIAL_BURST, Denials
 
     from .conftest import connect, new_account
@@ -334,6 +335,8 @@ async def test_an_account_asking_for_channels_it_may_not_use_is_throttled(
     assert await codes(DENIAL_BURST + 5) == [denied] * DENIAL_BURST + [throttled] * 5
     reply = await probe.request(pb.CreateChannel(channel=CHANNEL, group_info=b""), check=False)
     assert reply.code == throttled and "retry" in reply.message
+    monkeypatch.setattr(session, "ACCESS_TTL", 0.0)  # every request checks again
+    await probe.request(pb.Subscribe(channel=own))  # allowed on this stream before: checked
     await probe.request(pb.Unsubscribe(channel=own))  # needs no check: served
     await owner.request(pb.Subscribe(channel=CHANNEL))  # another account: unaffected
     now[0] += 0.25  # 10 a second: two more refusals, each checked
