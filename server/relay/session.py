@@ -238,12 +238,12 @@ class StreamSession:
                 INVALID, f"invalid channel name: {req.channel!r}; expected org/namespace/service"
             )
         self._check_size(req.group_info, "group_info")
+        self._check_denials()  # before the GroupInfo's checks, which cost more
         groups = self.relay.groups
         try:
             group = await groups.observe(req.channel, req.group_info, self.member)
         except Invalid as exc:
             raise RequestError(INVALID, f"group_info refused: {exc}") from None
-        self._check_denials()
         if await self.relay.access.create(req.channel, self.claims.account_id) == "denied":
             self.relay.denials.spend(self.claims.account_id)
             raise _denied(req.channel)
