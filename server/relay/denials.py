@@ -3,7 +3,7 @@
 A check that ends in a refusal costs the relay a lookup of the channel's group and a
 query of the account database (does the account hold a live invite redemption?), ten
 times what a request that needs no check costs. An account whose streams asked, over and
-over, for a channel it may not use made another account's round trips 25 times slower
+over, for a channel it may not use made another account's round trips 20 times slower
 (docs/performance.md, "Refused requests"). Past its budget, an account's requests that
 need a check are answered at once, without one, until the budget refills. An honest
 client is refused a handful of times (a channel it was removed from), never a hundred.
