@@ -381,8 +381,10 @@ class StreamSession:
         """Posts a redeemed invite's key package to the channel, for a member to add."""
         await self._check_channel(req.channel)
         join_id = _uuid(req.join_id, "join_id")
+        self._check_denials()  # each unknown id costs a database query
         found = await self.relay.access.join_request(join_id, req.channel, self.claims.account_id)
         if found is None:
+            self.relay.denials.spend(self.claims.account_id)
             raise RequestError(DENIED, "no valid join request with this id for your account")
         identity, key_package = found
         if identity != self.identity:

@@ -341,5 +341,12 @@ async def test_an_account_asking_for_channels_it_may_not_use_is_throttled(
     await owner.request(pb.Subscribe(channel=CHANNEL))  # another account: unaffected
     now[0] += 0.25  # 10 a second: two more refusals, each checked
     assert await codes(3) == [denied, denied, throttled]
+    # Join requests with ids the account never got, in a channel it may use, likewise.
+    stack.relay.relay.denials = Denials(clock=lambda: now[0])
+    joins = [
+        (await probe.request(pb.JoinRequest(channel=own, join_id=str(uuid.uuid4())), check=False))
+        for _ in range(DENIAL_BURST + 1)
+    ]
+    assert [j.code for j in joins] == [denied] * DENIAL_BURST + [throttled]
     await probe.close()
     await owner.close()
