@@ -32,6 +32,7 @@ from svc_sdk.errors import (
     relay_error,
 )
 from svc_sdk.relay_frames import (
+    Code,
     Deliveries,
     Delivery,
     Event,
@@ -57,6 +58,10 @@ _jitter = random.Random()  # noqa: S311
 # listener that takes the connection and then says nothing is passed over for the next
 # address, not waited on until keepalive gives up (40 s).
 OPEN_TIMEOUT = 5.0
+# A Subscribe refused for now, not for good: the relay's store was unavailable, or the
+# account had spent its budget of refused requests. The channel stays open; the link
+# subscribes it again on a new connection, after its backoff.
+RETRY_LATER = frozenset({Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED})
 
 
 class Sink(Protocol):
@@ -526,6 +531,10 @@ class RelayLink:
         )
 
     def _subscribed(self, sub: _Sub, channel: str, reply: Reply) -> None:
+        """Takes in a Subscribe's Reply: a refusal for good closes the channel; one for
+        now (RETRY_LATER) raises its TransportError, and the caller retries."""
+        if reply.code in RETRY_LATER:
+            raise relay_error(RelayError(reply), channel)
         if reply.code != 0:
             sub.sink._failed(relay_error(RelayError(reply), channel))
         sub.head = reply.head_seq
@@ -549,13 +558,18 @@ class RelayLink:
         """Takes in the Reply to a resubscribe when it comes (not holding the lock: a
         refusal closes the channel, which may call back into the link)."""
         if future is not None:
-            future.add_done_callback(partial(self._on_resubscribed, sub, channel))
+            generation = self.generation
+            future.add_done_callback(partial(self._on_resubscribed, sub, channel, generation))
 
     def _on_resubscribed(
-        self, sub: _Sub, channel: str, done: concurrent.futures.Future[Reply]
+        self, sub: _Sub, channel: str, generation: int, done: concurrent.futures.Future[Reply]
     ) -> None:
         if not done.cancelled() and done.exception() is None:
-            self._subscribed(sub, channel, done.result())
+            try:
+                self._subscribed(sub, channel, done.result())
+            except TransportError as exc:
+                # Refused for now: a new connection subscribes every channel again.
+                self.abandon(generation, exc.detail)
 
     # -- the stream's reading thread -----------------------------------------------------
 

@@ -152,6 +152,66 @@ def test_failover_between_relays_on_redis(
             assert chan_b.next_message(0.3) is None
 
 
+def test_a_channel_refused_for_now_when_its_agent_reconnects_stays_open(
+    stack: LocalStack, ids: Any
+) -> None:
+    """A Subscribe the relay refuses for now (RESOURCE_EXHAUSTED: the account spent its
+    budget of refused requests; UNAVAILABLE: its store did not answer) when an agent
+    reconnects does not close the channel: the link subscribes it again on a new
+    connection, after its backoff, and what was sent meanwhile arrives."""
+    import asyncio
+
+    from svc_sdk._relay_pb import relay_pb2 as pb
+    from svc_sdk.relay_client import RelayConnection
+
+    def new_key(email: str) -> str:
+        body = httpx.post(f"{stack.api_url}/v1/accounts", json={"email": email}).json()
+        key: str = body["api_key"]["key"]
+        return key
+
+    key = new_key(f"{ids('retry')}@example.com")  # a budget of its own
+    alice = client(stack, ids("alice"), api_key=key)
+    bob = client(stack, ids("bob"), api_key=key)
+    other = client(stack, ids("other"), api_key=new_key(f"{ids('other')}@example.com"))
+    refused = f"acme/tests/{ids('not-ours')}"
+    other.create_channel(refused)
+    channel = f"acme/tests/{ids('retry')}"
+    token = httpx.post(
+        f"{stack.api_url}/v1/tokens", headers={"Authorization": f"Bearer {key}"}
+    ).json()["token"]
+    throttled, stop = threading.Event(), threading.Event()
+
+    def spend_the_budget() -> None:  # another agent of the account, asking and asking
+        async def run() -> None:
+            async with RelayConnection(stack.relay_url, token, b"asker") as conn:
+                while not stop.is_set():
+                    reply = await conn.request(pb.Subscribe(channel=refused), check=False)
+                    if reply.code == 8:  # RESOURCE_EXHAUSTED
+                        throttled.set()
+
+        asyncio.run(run())
+
+    asker = threading.Thread(target=spend_the_budget)
+    with alice, bob, other:
+        chan_a = alice.create_channel(channel)
+        chan_b = bob.join_channel(channel, chan_a.add_member(bob.generate_key_package()))
+        chan_a.send(b"before")
+        assert take(chan_b, 1) == [b"before"]
+        asker.start()
+        try:
+            assert throttled.wait(30)
+            reconnects = bob.link.reconnects
+            bob.link.abandon(bob.link.generation, "the test drops the connection")
+            time.sleep(1)  # bob's Subscribe, on each reconnect, is refused for now
+            assert bob.link.reconnects == reconnects, "subscribed with the budget spent?"
+        finally:
+            stop.set()
+            asker.join()
+        chan_a.send(b"after")
+        assert take(chan_b, 1) == [b"after"]
+        assert bob.link.reconnects > reconnects
+
+
 def test_agent_restart_resumes_from_its_cursor(stack: LocalStack, ids: Any) -> None:
     channel = f"acme/tests/agent-restart-{time.monotonic_ns()}"
     ca, chan_a, cb, chan_b = pair(stack, channel, ids("a"), ids("b"))
