@@ -42,7 +42,7 @@ from svc_sdk.errors import (
     TransportError,
     relay_error,
 )
-from svc_sdk.relay_frames import Code, Publish, RelayError, Reply
+from svc_sdk.relay_frames import RETRY_LATER, Code, Publish, RelayError, Reply
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("svc_sdk.outbox")
 
 STALE = Code.FAILED_PRECONDITION
-UNAVAILABLE = Code.UNAVAILABLE
 #: How many messages, and payload bytes, may wait in one channel's outbox; ``send()``
 #: blocks (up to the client's timeout) while it is full.
 OUTBOX_MESSAGES = 10_000
@@ -591,7 +590,7 @@ class Outbox:
                 with self._cond:
                     self._drop_all(failure)
                 self._retire()
-        elif isinstance(error, RelayError) and error.code != UNAVAILABLE:
+        elif isinstance(error, RelayError) and error.code not in RETRY_LATER:
             with self._cond:
                 self._drop_all(relay_error(error, channel.name))
             self._retire()

@@ -225,6 +225,12 @@ def within_limit(data: bytes) -> bytes:
     return data
 
 
+# Codes of a request refused for now, not for good: the relay's store did not answer
+# (UNAVAILABLE), or the account spent its budget of refused requests
+# (RESOURCE_EXHAUSTED). The client sends such a request again, after a backoff.
+RETRY_LATER = frozenset({Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED})
+
+
 def code_name(code: int) -> str:
     try:
         return Code(code).name

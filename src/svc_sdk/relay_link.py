@@ -32,7 +32,7 @@ from svc_sdk.errors import (
     relay_error,
 )
 from svc_sdk.relay_frames import (
-    Code,
+    RETRY_LATER,
     Deliveries,
     Delivery,
     Event,
@@ -58,10 +58,6 @@ _jitter = random.Random()  # noqa: S311
 # listener that takes the connection and then says nothing is passed over for the next
 # address, not waited on until keepalive gives up (40 s).
 OPEN_TIMEOUT = 5.0
-# A Subscribe refused for now, not for good: the relay's store was unavailable, or the
-# account had spent its budget of refused requests. The channel stays open; the link
-# subscribes it again on a new connection, after its backoff.
-RETRY_LATER = frozenset({Code.UNAVAILABLE, Code.RESOURCE_EXHAUSTED})
 
 
 class Sink(Protocol):
@@ -532,7 +528,8 @@ class RelayLink:
 
     def _subscribed(self, sub: _Sub, channel: str, reply: Reply) -> None:
         """Takes in a Subscribe's Reply: a refusal for good closes the channel; one for
-        now (RETRY_LATER) raises its TransportError, and the caller retries."""
+        now (RETRY_LATER) raises its TransportError, and the caller subscribes again on
+        a new connection, after the link's backoff."""
         if reply.code in RETRY_LATER:
             raise relay_error(RelayError(reply), channel)
         if reply.code != 0:

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from svc_sdk import Channel, SvcClient
-from svc_sdk.relay_frames import Commit, Deliveries, Publish, Reply
+from svc_sdk.relay_frames import Code, Commit, Deliveries, Publish, Reply
 from svc_sdk.relay_stream import StreamConnection
 from svc_sdk.testing import LocalStack
 
@@ -89,6 +89,23 @@ def lose_the_reply_to_the_next(conn: StreamConnection, kind: type) -> list[int]:
 
     conn._dispatch = dropping_dispatch  # type: ignore[method-assign]
     return lost
+
+
+def refuse_for_now_the_next(conn: StreamConnection, kind: type) -> list[int]:
+    """Makes ``conn`` turn the Reply to the next request of ``kind`` written on it into a
+    RESOURCE_EXHAUSTED ("retry in a few seconds"), as a relay answers an account that
+    spent its budget of refusals (here the relay did act on the request). Returns the
+    request ids so answered."""
+    refused = _mark_the_next(conn, kind)
+    dispatch = conn._dispatch
+
+    def refusing_dispatch(frame: Any) -> None:
+        if isinstance(frame, Reply) and frame.request_id in refused:
+            frame = frame._replace(code=Code.RESOURCE_EXHAUSTED, message="retry later")
+        dispatch(frame)
+
+    conn._dispatch = refusing_dispatch  # type: ignore[method-assign]
+    return refused
 
 
 def withhold_deliveries(conn: StreamConnection) -> threading.Event:

@@ -23,7 +23,7 @@ from svc_sdk.relay_frames import Publish, Reply
 from svc_sdk.relay_link import RelayLink
 from svc_sdk.testing import LocalStack
 
-from .helpers import client, lose_the_reply_to_the_next, pair, take
+from .helpers import client, lose_the_reply_to_the_next, pair, refuse_for_now_the_next, take
 
 
 def queued(data_dir: Path) -> int:
@@ -263,6 +263,26 @@ def test_a_publish_the_relay_never_answers_is_sent_again_on_a_new_connection(
         assert len(lost) == 1
         assert ca.link.generation > generation, "the connection was given up"
         assert take(chan_b, 6) == [b"warm"] + [b"m%d" % i for i in range(5)]
+        assert chan_b.next_message(0.5) is None, "a message was stored twice"
+
+
+def test_a_publish_refused_for_now_is_sent_again_not_dropped(
+    stack: LocalStack, channel_name: str, ids: Any
+) -> None:
+    """A Publish answered RESOURCE_EXHAUSTED (the account spent its budget of refused
+    requests: "retry") is not a failure of the messages in it: the outbox sends them
+    again after a pause, and the relay, which had stored them here, keeps one copy."""
+    ca, chan_a, cb, chan_b = pair(stack, channel_name, ids("a"), ids("b"))
+    with ca, cb:
+        chan_a.send(b"warm")
+        chan_a.wait_stored(10)
+        assert ca.link._conn is not None
+        refused = refuse_for_now_the_next(ca.link._conn, Publish)
+        chan_a.send(b"m0")
+        chan_a.wait_stored(15)
+        assert len(refused) == 1
+        chan_a.send(b"m1")
+        assert take(chan_b, 3) == [b"warm", b"m0", b"m1"]
         assert chan_b.next_message(0.5) is None, "a message was stored twice"
 
 
