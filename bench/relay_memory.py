@@ -89,12 +89,8 @@ class Peak:
         self.hwm = _mib(self.pid, "VmHWM")
 
 
-async def member(stack: LocalStack, root: str) -> tuple[RelayConnection, Group, str]:
-    async with httpx.AsyncClient(base_url=stack.api_url) as http:
-        response = await http.post(
-            "/v1/tokens", headers={"Authorization": f"Bearer {stack.api_key}"}
-        )
-        token: str = response.raise_for_status().json()["token"]
+async def member(stack: Any, root: str) -> tuple[RelayConnection, Group, str]:
+    token = await member_token(stack)
     engine = certify_with_api(Engine(Path(root) / "m", b"m"), stack.api_url, stack.api_key)
     conn = RelayConnection(stack.relay_url, token, b"m")
     await conn.open()
@@ -189,8 +185,9 @@ def redis_relays() -> Iterator[tuple[LocalStack, int]]:
 
 async def paused_follower(stack: Any, pid: int, stored: int) -> Peak:
     with tempfile.TemporaryDirectory() as root:
+        token = await member_token(stack)
         for target in (stack.relay_url, stack.second):
-            await wait_relay(target, (await member_token(stack)))
+            await wait_relay(target, token)
         conn, group, token = await member(stack, root)
         # A reader as a client is: it resubscribes from its cursor when told it lagged.
         deliveries: asyncio.Queue[int] = asyncio.Queue()
@@ -225,6 +222,8 @@ async def paused_follower(stack: Any, pid: int, stored: int) -> Peak:
 
 
 async def member_token(stack: Any) -> str:
+    """A relay token for the stack's account (``stack``: a LocalStack, or the same
+    addresses and key of :func:`redis_relays`)."""
     async with httpx.AsyncClient(base_url=stack.api_url) as http:
         response = await http.post(
             "/v1/tokens", headers={"Authorization": f"Bearer {stack.api_key}"}
