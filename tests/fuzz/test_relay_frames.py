@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from svc_sdk.api_client import ApiClient
 from svc_sdk.mls import Group
 from svc_sdk.relay_client import Request, client_frame
 from svc_sdk.testing import LocalStack
+from svc_server.relay.denials import DENIALS_PER_SECOND
 
 from ..client.helpers import pair, take
 from ..relay.helpers import engine
@@ -36,10 +38,12 @@ from .mutate import counted, mutations, settings_for
 pytestmark = pytest.mark.fuzz
 
 CHANNEL = "acme/fuzz/relay"
+DENIALS_REFILL = 2 / DENIALS_PER_SECOND
 NEW_CHANNEL = "acme/fuzz/new"
 METHOD = "/svc.relay.v1.Relay/Connect"
-# The Reply codes the relay documents (proto/relay.proto) and uses.
-REPLY_CODES = {0, 3, 6, 7, 9, 11, 16}
+# The Reply codes the relay documents (proto/relay.proto) and uses; 8 once the fuzzing
+# account has caused more refusals than its budget (server/relay/denials.py).
+REPLY_CODES = {0, 3, 6, 7, 8, 9, 11, 16}
 # How a fuzzed stream may end: a Refresh with a bad token, a frame over the size limit.
 END_CODES = {grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -250,6 +254,9 @@ def test_relay_frames(target: Target) -> None:
     print("streams ended:", ends)
     proc = target.stack._proc
     assert proc is not None and proc.poll() is None, "the relay process died"
+    # The fuzzing spent the account's budget of refused requests; it refills a request
+    # that needs a check every 0.1 s, and checks that pass spend nothing.
+    time.sleep(DENIALS_REFILL)
 
     # The fuzzed channel is what its owner thinks: reconcile the one pending commit.
     head = target.send(frame(pb.CreateChannel(channel=CHANNEL)))
