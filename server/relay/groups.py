@@ -151,13 +151,19 @@ class Groups:
             raise Invalid("a new channel's group has its creator as its only member, the owner")
         return group
 
-    async def create(self, channel: str, group: TrackedGroup) -> bool:
-        """Stores a new channel's group; False if the channel has one already."""
+    async def create(self, channel: str, group: TrackedGroup) -> int:
+        """Stores a new channel's group; its version, or 0 if the channel has one."""
         snapshot = pack(await asyncio.to_thread(group.snapshot), frozenset())
-        if not await self._store.create_group(channel, snapshot):
-            return False
-        self._put(channel, 1, group, len(snapshot))
-        return True
+        version = await self._store.create_group(channel, snapshot)
+        if version:
+            self._put(channel, version, group, len(snapshot))
+        return version
+
+    async def drop(self, channel: str, version: int) -> bool:
+        """Drops the group ``create`` stored as ``version``, while the channel's log is
+        empty: its creation could not be finished."""
+        self.evict(channel)
+        return await self._store.drop_group(channel, version)
 
     async def current(self, channel: str) -> _Cached | None:
         """The stored group of ``channel`` (the cached copy while it is still the stored

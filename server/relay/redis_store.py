@@ -224,10 +224,22 @@ end
 return {trimmed, out}
 """
 
-# KEYS: group. ARGV: state. A new channel's group, version 1, unless it has one.
+# KEYS: group. ARGV: state. A new channel's group unless it has one; returns its version
+# (0: it has one). A dropped group's version is kept negated: the next counts on from it.
 CREATE_GROUP = """
-if redis.call('HSETNX', KEYS[1], 'v', 1) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 's', ARGV[1])
+local version = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+if version > 0 then return 0 end
+version = 1 - version
+redis.call('HSET', KEYS[1], 'v', version, 's', ARGV[1])
+return version
+"""
+
+# KEYS: group, meta. ARGV: version. Drops the group stored as that version, while the
+# channel's log is empty.
+DROP_GROUP = """
+if redis.call('HGET', KEYS[1], 'v') ~= ARGV[1] then return 0 end
+if tonumber(redis.call('HGET', KEYS[2], 'head') or '0') > 0 then return 0 end
+redis.call('HSET', KEYS[1], 'v', -tonumber(ARGV[1]), 's', '')
 return 1
 """
 
@@ -421,6 +433,7 @@ class RedisLogStore:
         self._commit = self._redis.register_script(COMMIT)
         self._propose = self._redis.register_script(PROPOSE)
         self._create_group = self._redis.register_script(CREATE_GROUP)
+        self._drop_group = self._redis.register_script(DROP_GROUP)
         self._read = self._redis.register_script(READ)
         last = await self._redis.xrevrange(WELCOME_STREAM, count=1)
         self._welcomes_from = last[0][0] if last else b"0-0"
@@ -618,15 +631,21 @@ class RedisLogStore:
             raise GroupConflict(channel)
         return Entry(channel, int(seq), sender, False, epoch, proposal, now)
 
-    async def create_group(self, channel: str, state: bytes) -> bool:
-        return bool(await self._create_group(keys=[_group(channel)], args=[state]))
+    async def create_group(self, channel: str, state: bytes) -> int:
+        return int(await self._create_group(keys=[_group(channel)], args=[state]))
+
+    async def drop_group(self, channel: str, version: int) -> bool:
+        keys = [_group(channel), _meta(channel)]
+        return bool(await self._drop_group(keys=keys, args=[version]))
 
     async def group_version(self, channel: str) -> int:
-        return int(await self.redis.hget(_group(channel), "v") or 0)
+        return max(0, int(await self.redis.hget(_group(channel), "v") or 0))
 
     async def group(self, channel: str) -> tuple[int, bytes] | None:
         version, state = await self.redis.hmget(_group(channel), "v", "s")
-        return None if version is None or state is None else (int(version), state)
+        if version is None or state is None or int(version) <= 0:
+            return None
+        return int(version), state
 
     async def read(
         self, channel: str, after_seq: int, limit: int, max_bytes: int | None = None

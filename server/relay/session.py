@@ -248,12 +248,20 @@ class StreamSession:
             self.relay.denials.spend(self.claims.account_id)
             raise _denied(req.channel)
         async with groups.lock(req.channel):
-            if not await groups.create(req.channel, group):
+            version = await groups.create(req.channel, group)
+            if not version:
                 raise RequestError(
                     EXISTS, f"channel {req.channel!r} already exists; join it with an invite"
                 )
             created = Event("created", split(self.member), split(self.member), "owner")
-            await self.relay.access.record(req.channel, 0, roster(group), False, [created])
+            try:
+                await self.relay.access.record(req.channel, 0, roster(group), False, [created])
+            except Exception:
+                # Without its roster the channel is not created: the group goes, so that
+                # the agent (which drops its own on the error) can create it again.
+                if not await groups.drop(req.channel, version):
+                    log.error("a channel whose creation failed kept its group: %s", req.channel)
+                raise
         self.allowed[req.channel] = time.monotonic()
         head, epoch = await self.relay.store.head(req.channel)
         self.reply(request_id, head_seq=head, epoch=epoch)

@@ -659,15 +659,40 @@ class SqliteLogStore:
         result: Entry = await self._write(op, len(proposal) + len(state))
         return result
 
-    async def create_group(self, channel: str, state: bytes) -> bool:
-        def op(conn: sqlite3.Connection) -> tuple[bool, list[Entry], list[WelcomeEntry]]:
+    async def create_group(self, channel: str, state: bytes) -> int:
+        # A dropped group's row stays, its version negated: the next one counts on.
+        def op(conn: sqlite3.Connection) -> tuple[int, list[Entry], list[WelcomeEntry]]:
             self._channel_row(conn, channel)
-            added = conn.execute(
-                "INSERT OR IGNORE INTO groups VALUES (?, 1, ?)", (channel, state)
-            ).rowcount
-            return added == 1, [], []
+            row = conn.execute("SELECT version FROM groups WHERE channel = ?", (channel,))
+            found = row.fetchone()
+            if found is None:
+                conn.execute("INSERT INTO groups VALUES (?, 1, ?)", (channel, state))
+                return 1, [], []
+            if found[0] > 0:
+                return 0, [], []
+            version = 1 - found[0]
+            conn.execute(
+                "UPDATE groups SET version = ?, state = ? WHERE channel = ?",
+                (version, state, channel),
+            )
+            return version, [], []
 
-        result: bool = await self._write(op, len(state))
+        result: int = await self._write(op, len(state))
+        return result
+
+    async def drop_group(self, channel: str, version: int) -> bool:
+        def op(conn: sqlite3.Connection) -> tuple[bool, list[Entry], list[WelcomeEntry]]:
+            head, _ = self._channel_row(conn, channel)
+            if head:
+                return False, [], []
+            dropped = conn.execute(
+                "UPDATE groups SET version = -version, state = x'' "
+                "WHERE channel = ? AND version = ?",
+                (channel, version),
+            ).rowcount
+            return dropped == 1, [], []
+
+        result: bool = await self._write(op, 0)
         return result
 
     @staticmethod
@@ -737,7 +762,7 @@ class SqliteLogStore:
     async def group_version(self, channel: str) -> int:
         def fn(conn: sqlite3.Connection) -> int:
             row = conn.execute(
-                "SELECT version FROM groups WHERE channel = ?", (channel,)
+                "SELECT version FROM groups WHERE channel = ? AND version > 0", (channel,)
             ).fetchone()
             return int(row[0]) if row else 0
 
@@ -747,7 +772,7 @@ class SqliteLogStore:
     async def group(self, channel: str) -> tuple[int, bytes] | None:
         def fn(conn: sqlite3.Connection) -> tuple[int, bytes] | None:
             row = conn.execute(
-                "SELECT version, state FROM groups WHERE channel = ?", (channel,)
+                "SELECT version, state FROM groups WHERE channel = ? AND version > 0", (channel,)
             ).fetchone()
             return (int(row[0]), bytes(row[1])) if row else None
 

@@ -140,8 +140,16 @@ class LogStore(Protocol):
         holds a proposal that is not in the log, where the members find it."""
         ...
 
-    async def create_group(self, channel: str, state: bytes) -> bool:
-        """Stores a new channel's tracked group as version 1; False if it has one."""
+    async def create_group(self, channel: str, state: bytes) -> int:
+        """Stores a new channel's tracked group; its version (1, or one past a group
+        dropped before: a version is never reused, so no relay process mistakes its
+        cached copy of a dropped group for the new one), or 0 if the channel has one."""
+        ...
+
+    async def drop_group(self, channel: str, version: int) -> bool:
+        """Drops the channel's tracked group if it is still the one ``create_group``
+        stored as ``version`` and nothing is in the channel's log: a creation that could
+        not be finished. False if it was not dropped."""
         ...
 
     async def group_version(self, channel: str) -> int:

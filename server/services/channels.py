@@ -76,17 +76,28 @@ CreateResult = Literal["created", "exists", "denied"]
 
 
 def create(session: Session, channel: str, account_id: uuid.UUID) -> CreateResult:
-    """Registers ``channel`` for the account: "created", "exists" (and the account may
-    use it) or "denied" (another account's)."""
-    if session.get(Channel, channel) is not None:
-        return "exists" if has_access(session, channel, account_id) else "denied"
-    try:
-        with session.begin_nested():
-            session.add(Channel(name=channel, owner_account_id=account_id, created_at=utcnow()))
-            session.flush()
-    except IntegrityError:  # another relay process registered it first
-        return "exists" if has_access(session, channel, account_id) else "denied"
-    return "created"
+    """Registers ``channel`` for the account: "created" (go on and store its group),
+    "exists" (and the account may use it) or "denied" (another account's).
+
+    A channel is created once its roster is recorded (``record``). The account that
+    registered a name whose roster never was (a step after this one failed) gets
+    "created" again: it finishes the creation, and the name is not left taken by
+    nobody. The log store decides between two such attempts: one group is stored."""
+    found = session.get(Channel, channel)
+    if found is None:
+        try:
+            with session.begin_nested():
+                session.add(Channel(name=channel, owner_account_id=account_id, created_at=utcnow()))
+                session.flush()
+            return "created"
+        except IntegrityError:  # another relay process registered it first
+            found = session.get(Channel, channel)
+            if found is None:
+                raise
+    if has_access(session, channel, account_id):
+        return "exists"
+    unfinished = not session.scalar(select(exists().where(ChannelMember.channel == channel)))
+    return "created" if unfinished and found.owner_account_id == account_id else "denied"
 
 
 def record(
@@ -275,8 +286,3 @@ def for_account(
             .order_by(Channel.name)
         )
     ]
-
-
-def forget(session: Session, channel: str) -> None:
-    """Drops a channel that never got a tracked group (creation failed half-way)."""
-    session.execute(delete(Channel).where(Channel.name == channel))

@@ -76,6 +76,27 @@ async def _commit(
     )
 
 
+async def test_a_dropped_group_s_version_is_never_reused(store: LogStore) -> None:
+    """A creation that could not be finished drops its group; the next group of the
+    channel gets a new version, so that no relay process takes its cached copy of the
+    dropped one for it (a cache is current while its version is the stored one)."""
+    assert await store.create_group("a/b/c", b"first") == 1
+    assert await store.create_group("a/b/c", b"other") == 0, "the channel has a group"
+    assert not await store.drop_group("a/b/c", 2), "not the stored version"
+    assert await store.drop_group("a/b/c", 1)
+    assert await store.group_version("a/b/c") == 0
+    assert await store.group("a/b/c") is None
+    assert not await store.drop_group("a/b/c", 1), "dropped already"
+
+    assert await store.create_group("a/b/c", b"second") == 2
+    assert await store.group("a/b/c") == (2, b"second")
+    with pytest.raises(GroupConflict):  # a change validated against the dropped group
+        await store.propose("a/b/c", b"leaver", 0, b"leave", (1, b"group-x"))
+    await store.append("a/b/c", b"s", b"hello", 0)
+    assert not await store.drop_group("a/b/c", 2), "the channel's log is not empty"
+    assert await store.group("a/b/c") == (2, b"second")
+
+
 async def test_a_proposal_is_stored_with_its_group_state_or_not_at_all(store: LogStore) -> None:
     await _commit(store, 0, b"", [])  # epoch 1, group version 2
     version = await store.group_version("a/b/c")
