@@ -54,6 +54,12 @@ BAD_MESSAGE_IDS = (
 # How long a stream's access check of a channel holds without asking again. Commits
 # clear it at once in every relay process that follows the channel; this bounds the rest.
 ACCESS_TTL = 2.0
+# Channels one stream may be held back on before it is closed.
+MAX_HELD_BACK = 1000
+HELD_BACK = (
+    "too many requests for channels this account may not use; this stream takes no more "
+    "requests for this channel: retry on a new stream in a few seconds"
+)
 # Members one commit may add (each key package is verified before the commit is stored).
 MAX_JOINERS = 1000
 # The highest sequence number or epoch a store can hold (SQLite's and PostgreSQL's signed
@@ -94,6 +100,9 @@ class StreamSession:
         self.subscriptions: dict[str, Subscription] = {}
         # Channels this stream may use, with when that was last checked.
         self.allowed: dict[str, float] = {}
+        # Channels a request of this stream was refused for the account's budget of
+        # refusals: its later requests for them are refused too (_check_denials).
+        self.held_back: set[str] = set()
         self.closed: tuple[Code, str] | None = None
         self.close_event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -181,26 +190,32 @@ class StreamSession:
             raise RequestError(
                 INVALID, f"invalid channel name: {channel!r}; expected org/namespace/service"
             )
+        if channel in self.held_back:
+            raise RequestError(THROTTLED, HELD_BACK)
         checked = self.allowed.get(channel)
         if checked is not None and time.monotonic() - checked < ACCESS_TTL:
             return
         account = self.claims.account_id
         if checked is None:  # a channel this stream was allowed is never held up
-            self._check_denials()
+            self._check_denials(channel)
         if not await self.relay.may_use(channel, account):
             self.relay.denials.spend(account)
             self.allowed.pop(channel, None)
             raise _denied(channel)
         self.allowed[channel] = time.monotonic()
 
-    def _check_denials(self) -> None:
+    def _check_denials(self, channel: str) -> None:
         """Refuses a request that needs an access check when the account has caused too
-        many refusals lately (server/relay/denials.py), without the check."""
+        many refusals lately (server/relay/denials.py), without the check. The stream
+        then refuses every later request for ``channel`` as well, budget or not: requests
+        pipelined behind this one must not be served before it is sent again (a Publish
+        after a refused one stored first would reorder the sender's messages). The
+        client sends it again on a new stream."""
         if self.relay.denials.exhausted(self.claims.account_id):
-            raise RequestError(
-                THROTTLED,
-                "too many requests for channels this account may not use; retry in a few seconds",
-            )
+            self.held_back.add(channel)
+            if len(self.held_back) > MAX_HELD_BACK:  # each name held costs memory
+                self.close(THROTTLED, "too many requests refused for the account's budget")
+            raise RequestError(THROTTLED, HELD_BACK)
 
     def revoke(self, channel: str) -> None:
         """The account lost access to ``channel``: this stream stops receiving it."""
@@ -238,7 +253,9 @@ class StreamSession:
                 INVALID, f"invalid channel name: {req.channel!r}; expected org/namespace/service"
             )
         self._check_size(req.group_info, "group_info")
-        self._check_denials()  # before the GroupInfo's checks, which cost more
+        if req.channel in self.held_back:
+            raise RequestError(THROTTLED, HELD_BACK)
+        self._check_denials(req.channel)  # before the GroupInfo's checks, which cost more
         groups = self.relay.groups
         try:
             group = await groups.observe(req.channel, req.group_info, self.member)
@@ -389,7 +406,7 @@ class StreamSession:
         """Posts a redeemed invite's key package to the channel, for a member to add."""
         await self._check_channel(req.channel)
         join_id = _uuid(req.join_id, "join_id")
-        self._check_denials()  # each unknown id costs a database query
+        self._check_denials(req.channel)  # each unknown id costs a database query
         found = await self.relay.access.join_request(join_id, req.channel, self.claims.account_id)
         if found is None:
             self.relay.denials.spend(self.claims.account_id)

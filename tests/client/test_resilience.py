@@ -160,6 +160,7 @@ def test_a_channel_refused_for_now_when_its_agent_reconnects_stays_open(
     reconnects does not close the channel: the link subscribes it again on a new
     connection, after its backoff, and what was sent meanwhile arrives."""
     import asyncio
+    import itertools
 
     from svc_sdk._relay_pb import relay_pb2 as pb
     from svc_sdk.relay_client import RelayConnection
@@ -183,11 +184,18 @@ def test_a_channel_refused_for_now_when_its_agent_reconnects_stays_open(
 
     def spend_the_budget() -> None:  # another agent of the account, asking and asking
         async def run() -> None:
-            async with RelayConnection(stack.relay_url, token, b"asker") as conn:
-                while not stop.is_set():
-                    reply = await conn.request(pb.Subscribe(channel=refused), check=False)
-                    if reply.code == 8:  # RESOURCE_EXHAUSTED
-                        throttled.set()
+            # A stream refuses a channel it was throttled on without a check (which
+            # spends nothing), and is closed past 1,000 of them: a new name each time,
+            # a new stream every 500.
+            names = itertools.chain([refused], (f"{refused}-{n}" for n in itertools.count()))
+            while not stop.is_set():
+                async with RelayConnection(stack.relay_url, token, b"asker") as conn:
+                    for name in itertools.islice(names, 500):
+                        reply = await conn.request(pb.Subscribe(channel=name), check=False)
+                        if reply.code == 8:  # RESOURCE_EXHAUSTED
+                            throttled.set()
+                        if stop.is_set():
+                            break
 
         asyncio.run(run())
 

@@ -310,7 +310,10 @@ async def test_an_account_asking_for_channels_it_may_not_use_is_throttled(
     """Each refused access check costs the relay a group lookup and a database query:
     past its budget (100 at once, then 10 a second), an account's requests that need
     a check are answered RESOURCE_EXHAUSTED without one, while its requests that need
-    none, the channels a stream was allowed before, and every other account go on."""
+    none, the channels a stream was allowed before, and every other account go on. A
+    stream stays refused for a channel it was throttled on, once the budget refilled
+    too (what it pipelined behind the refused request must not overtake it); a new
+    stream is checked again."""
     from svc_server.relay import session
     from svc_server.relay.denials import DENIAL_BURST, Denials
 
@@ -339,7 +342,10 @@ async def test_an_account_asking_for_channels_it_may_not_use_is_throttled(
     await probe.request(pb.Subscribe(channel=own))  # allowed on this stream before: checked
     await probe.request(pb.Unsubscribe(channel=own))  # needs no check: served
     await owner.request(pb.Subscribe(channel=CHANNEL))  # another account: unaffected
-    now[0] += 0.25  # 10 a second: two more refusals, each checked
+    now[0] += 0.25  # 10 a second: two more refusals, each checked, but not on this stream
+    assert await codes(2) == [throttled, throttled]
+    await probe.close()
+    probe = await connect(stack, prober, b"probe")
     assert await codes(3) == [denied, denied, throttled]
     # Join requests with ids the account never got, in a channel it may use, likewise.
     stack.relay.relay.denials = Denials(clock=lambda: now[0])
@@ -350,3 +356,42 @@ async def test_an_account_asking_for_channels_it_may_not_use_is_throttled(
     assert [j.code for j in joins] == [denied] * DENIAL_BURST + [throttled]
     await probe.close()
     await owner.close()
+
+
+async def test_a_publish_behind_a_throttled_one_is_not_stored_before_it(
+    stack: Stack, account: Account, tmp_path: Path
+) -> None:
+    """The sender's order holds when the account's budget throttles its Publish: a
+    Publish pipelined behind the refused one (the budget refilled in between) is
+    refused too on that stream, and both are stored in order once sent again on a new
+    one. (Throttled, because a commit made every stream check the channel again while
+    another agent of the account spent the budget.)"""
+    from svc_server.relay.denials import DENIAL_BURST, Denials
+
+    from .conftest import connect
+    from .test_relay import member
+
+    now = [0.0]
+    stack.relay.relay.denials = Denials(clock=lambda: now[0])
+    alice = await member(stack, account, tmp_path, "alice")
+    await alice.create(CHANNEL)
+    assert alice.group is not None
+    await alice.commit(CHANNEL, alice.group.self_update())
+    prober = await connect(stack, account, b"prober")
+    for _ in range(DENIAL_BURST):
+        await prober.request(pb.Subscribe(channel="some/one/else"), check=False)
+
+    first, second = (alice.group.encrypt(text) for text in (b"first", b"second"))
+    reply = await alice.conn.request(pb.Publish(channel=CHANNEL, message=[first]), check=False)
+    assert reply.code == Code.RESOURCE_EXHAUSTED, reply
+    now[0] += 60  # refilled
+    reply = await alice.conn.request(pb.Publish(channel=CHANNEL, message=[second]), check=False)
+    assert reply.code == Code.RESOURCE_EXHAUSTED, reply
+
+    again = await connect(stack, account, b"alice")
+    for message in (first, second):
+        await again.request(pb.Publish(channel=CHANNEL, message=[message]))
+    stored = await stack.relay.relay.store.read(CHANNEL, 0, 10)
+    assert [e.message for e in stored if not e.handshake] == [first, second]
+    for conn in (alice.conn, prober, again):
+        await conn.close()
