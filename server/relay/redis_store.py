@@ -63,6 +63,8 @@ from .store import (
     Entry,
     EntrySink,
     GroupConflict,
+    Pipeline,
+    PipelineBroken,
     StaleMessages,
     WelcomeEntry,
 )
@@ -382,6 +384,7 @@ class _Append:
     ids: list[bytes]  # one per message, or none
     check: bool  # refuse them unless they are all of the channel's current epoch
     future: asyncio.Future[list[Entry]]
+    pipeline: Pipeline | None = None
 
 
 class RedisLogStore:
@@ -478,8 +481,9 @@ class RedisLogStore:
         sender: bytes,
         messages: Sequence[tuple[bytes, int]],
         ids: Sequence[bytes] = (),
+        pipeline: Pipeline | None = None,
     ) -> asyncio.Future[list[Entry]]:
-        return self._enqueue(channel, sender, messages, check=True, ids=ids)
+        return self._enqueue(channel, sender, messages, check=True, ids=ids, pipeline=pipeline)
 
     def _enqueue(
         self,
@@ -488,9 +492,11 @@ class RedisLogStore:
         messages: Sequence[tuple[bytes, int]],
         check: bool,
         ids: Sequence[bytes] = (),
+        pipeline: Pipeline | None = None,
     ) -> asyncio.Future[list[Entry]]:
         future: asyncio.Future[list[Entry]] = asyncio.get_running_loop().create_future()
-        self._appends.put_nowait(_Append(channel, sender, list(messages), list(ids), check, future))
+        append = _Append(channel, sender, list(messages), list(ids), check, future, pipeline)
+        self._appends.put_nowait(append)
         return future
 
     def _notification(self, channel: str) -> str:
@@ -504,6 +510,12 @@ class RedisLogStore:
             batch = [await self._appends.get()]
             while len(batch) < 256 and not self._appends.empty():
                 batch.append(self._appends.get_nowait())
+            for a in batch:
+                if a.pipeline is not None and a.pipeline.broken and not a.future.done():
+                    a.future.set_exception(PipelineBroken())
+            batch = [a for a in batch if a.pipeline is None or not a.pipeline.broken]
+            if not batch:
+                continue
             now = time.time()
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
@@ -526,6 +538,8 @@ class RedisLogStore:
                     results = await pipe.execute()
             except Exception as exc:
                 for a in batch:
+                    if a.pipeline is not None:
+                        a.pipeline.broken = True
                     if not a.future.done():
                         a.future.set_exception(exc)
                 continue

@@ -20,7 +20,15 @@ from .frames import Frame, OversizedPublish, PublishFrame
 from .groups import Invalid, PolicyBreach, Stale, Validated, events, roster, split
 from .hub import Outbox, Subscription, welcome_frame
 from .in_flight import MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES, InFlight
-from .store import CommitRejected, CursorExpired, Entry, GroupConflict, StaleMessages
+from .store import (
+    CommitRejected,
+    CursorExpired,
+    Entry,
+    GroupConflict,
+    Pipeline,
+    PipelineBroken,
+    StaleMessages,
+)
 
 if TYPE_CHECKING:
     from .service import Relay
@@ -103,6 +111,8 @@ class StreamSession:
         # Channels a request of this stream was refused for the account's budget of
         # refusals: its later requests for them are refused too (_check_denials).
         self.held_back: set[str] = set()
+        # Per channel, this stream's appends in flight (store.Pipeline).
+        self._pipelines: dict[str, Pipeline] = {}
         self.closed: tuple[Code, str] | None = None
         self.close_event = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -343,8 +353,11 @@ class StreamSession:
         # Reply follows when the messages are durable (pipelined publishes).
         size = sum(map(len, messages))
         await self._in_flight.acquire(size)
+        pipeline = self._pipelines.get(req.channel)
+        if pipeline is None:
+            pipeline = self._pipelines[req.channel] = Pipeline()
         stored = self.relay.store.append_many(
-            req.channel, self.member, list(zip(messages, epochs, strict=True)), ids
+            req.channel, self.member, list(zip(messages, epochs, strict=True)), ids, pipeline
         )
         metrics = self.relay.metrics
         metrics.application_messages.inc(count)
@@ -395,10 +408,17 @@ class StreamSession:
         error = None if stored.cancelled() else stored.exception()
         if isinstance(error, StaleMessages):
             self.reply(request_id, STALE, str(error), epoch=error.current_epoch)
+        elif isinstance(error, PipelineBroken):
+            self.reply(request_id, UNAVAILABLE, f"{error}; send it again on a new stream")
         elif stored.cancelled() or error is not None:
             if error is not None:
                 log.error("storing a message failed", exc_info=error)
-            self.reply(request_id, UNAVAILABLE, "relay could not store the message; retry")
+            # Later appends of this stream to the channel fail too (store.Pipeline).
+            self.reply(
+                request_id,
+                UNAVAILABLE,
+                "relay could not store the message; send it again on a new stream",
+            )
         else:
             self.reply(request_id, seq=stored.result()[-1].seq)
 

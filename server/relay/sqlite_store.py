@@ -40,6 +40,8 @@ from .store import (
     Entry,
     EntrySink,
     GroupConflict,
+    Pipeline,
+    PipelineBroken,
     StaleMessages,
     WelcomeEntry,
 )
@@ -133,6 +135,28 @@ Op = Callable[[sqlite3.Connection], tuple[Any, list[Entry], list[WelcomeEntry]]]
 Record = Callable[[list[Entry]], bytes]
 # A request's future and its result or error.
 Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+class _Piped:
+    """An append of a pipeline (store.Pipeline): not run once an earlier one failed."""
+
+    __slots__ = ("op", "pipeline")
+
+    def __init__(self, op: Op, pipeline: Pipeline) -> None:
+        self.op, self.pipeline = op, pipeline
+
+    def __call__(self, conn: sqlite3.Connection) -> tuple[Any, list[Entry], list[WelcomeEntry]]:
+        if self.pipeline.broken:
+            raise PipelineBroken()
+        return self.op(conn)
+
+
+def _failed(op: Op, future: asyncio.Future[Any], error: BaseException) -> Outcome:
+    """The outcome of ``op``, which failed; an append's pipeline breaks with it (a
+    refusal such as StaleMessages is an answer, not a failure: it does not)."""
+    if isinstance(op, _Piped) and not isinstance(error, StaleMessages):
+        op.pipeline.broken = True
+    return (future, None, error)
 
 
 def _connect(path: Path, sync: str) -> sqlite3.Connection:
@@ -351,10 +375,10 @@ class SqliteLogStore:
                 except Exception as exc:  # this request fails; the others go on
                     if alone:
                         conn.execute("ROLLBACK")
-                        return [], [], [(future, None, exc)]
+                        return [], [], [_failed(op, future, exc)]
                     conn.execute("ROLLBACK TO op")
                     conn.execute("RELEASE op")
-                    results.append((future, None, exc))
+                    results.append(_failed(op, future, exc))
                     continue
                 if not alone:
                     conn.execute("RELEASE op")
@@ -365,7 +389,7 @@ class SqliteLogStore:
         except Exception as exc:  # the batch could not be stored: nothing of it happened
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            return [], [], [(future, None, exc) for _, future in batch]
+            return [], [], [_failed(op, future, exc) for op, future in batch]
         return entries, welcomes, results
 
     def _settle(
@@ -439,7 +463,7 @@ class SqliteLogStore:
                 self._loop.call_later(COMMIT_DELAY, self._commit_due)
             conn.execute("SAVEPOINT op")
         except Exception as exc:
-            return [], [], [(future, None, exc)]
+            return [], [], [_failed(op, future, exc)]
         try:
             value, entries, welcomes = op(conn)
             if entries:
@@ -452,7 +476,7 @@ class SqliteLogStore:
                 # SQLite rolled the whole transaction back (an I/O error): the journal
                 # holds what it had, and _commit_open puts that back before anything else.
                 pass
-            return [], [], [(future, None, exc)]
+            return [], [], [_failed(op, future, exc)]
         conn.execute("RELEASE op")
         if journal.size >= MAX_JOURNAL_BYTES:
             self._commit_quietly()
@@ -537,6 +561,7 @@ class SqliteLogStore:
         sender: bytes,
         messages: Sequence[tuple[bytes, int]],
         ids: Sequence[bytes] = (),
+        pipeline: Pipeline | None = None,
     ) -> asyncio.Future[list[Entry]]:
         def op(conn: sqlite3.Connection) -> tuple[list[Entry], list[Entry], list[WelcomeEntry]]:
             head, current = self._channel_row(conn, channel)
@@ -593,7 +618,7 @@ class SqliteLogStore:
 
         journaled: list[bytes | None] = []  # the ids of what op stored, for its record
         return self._enqueue(
-            op,
+            op if pipeline is None else _Piped(op, pipeline),
             sum(len(m) for m, _ in messages),
             lambda stored: encode(stored, journaled),
         )

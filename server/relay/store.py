@@ -57,6 +57,27 @@ class StaleMessages(Exception):
         self.current_epoch = current_epoch
 
 
+class Pipeline:
+    """The appends of one stream to one channel, which the stream sends without waiting
+    for each to be stored. Once one of them fails to be stored (not a refusal such as
+    StaleMessages: the store did not answer), the store fails every later one with
+    PipelineBroken without storing it: stored after the failed one, which its sender
+    sends again, it would overtake it. Read and written only where the store orders its
+    writes (its writer, under its lock)."""
+
+    __slots__ = ("broken",)
+
+    def __init__(self) -> None:
+        self.broken = False
+
+
+class PipelineBroken(Exception):
+    """Not stored: an earlier append of the same pipeline failed (see Pipeline)."""
+
+    def __init__(self) -> None:
+        super().__init__("an earlier message of this stream to the channel was not stored")
+
+
 class GroupConflict(Exception):
     """The channel's stored group changed since it was loaded (another relay process, or
     a concurrent request, stored a newer state first)."""
@@ -104,10 +125,12 @@ class LogStore(Protocol):
         sender: bytes,
         messages: Sequence[tuple[bytes, int]],
         ids: Sequence[bytes] = (),
+        pipeline: Pipeline | None = None,
     ) -> asyncio.Future[list[Entry]]:
         """``append`` for several (message, epoch) pairs at once, stored consecutively;
         one result (an entry per message) for all of them. StaleMessages unless every
-        message to store is of the channel's current epoch.
+        message to store is of the channel's current epoch; PipelineBroken if an earlier
+        append of ``pipeline`` failed.
 
         ``ids``: none, or one per message. A message whose id ``sender`` already stored in
         ``channel`` (and that retention has not trimmed) is not stored again: its entry

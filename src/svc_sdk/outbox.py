@@ -599,9 +599,10 @@ class Outbox:
                 self._stopped = True
             return
         else:
-            if isinstance(error, RelayError) and error.code == Code.RESOURCE_EXHAUSTED:
-                # The relay's stream refuses this channel from here on (so that nothing
-                # sent after the refused frame is stored before it): resent on a new one.
+            if isinstance(error, RelayError):  # refused for now (RETRY_LATER)
+                # The relay's stream takes no more of this channel's messages (so that
+                # none sent after the refused frame is stored before it): resent on a
+                # new one.
                 channel._client.link.abandon(self._pinned, relay_error(error, channel.name).detail)
             time.sleep(RETRY_SECONDS)  # a lost connection: resent once it is back
         with self._cond:

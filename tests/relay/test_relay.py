@@ -21,6 +21,7 @@ CHANNEL = "acme/support/triage"
 STALE = grpc.StatusCode.FAILED_PRECONDITION.value[0]
 DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 INVALID = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
 
 
 async def member(stack: Stack, account: Account, root: Path, name: str) -> Member:
@@ -332,3 +333,35 @@ async def test_forged_replayed_and_foreign_handshakes_are_refused_and_the_channe
     await bob.next()
     assert bob.received[-1] == b"the channel still works"
     await close(alice, bob, carol)
+
+
+async def test_a_publish_behind_one_the_store_failed_is_not_stored_before_it(
+    stack: Stack, account: Account, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishes pipelined on one stream: the store fails the first. The ones behind it
+    on that stream fail too (UNAVAILABLE, not stored), so that none overtakes it when the
+    sender sends it again, on a new stream (store.Pipeline)."""
+    from .test_store import fail_the_next_append
+
+    alice = await member(stack, account, tmp_path, "alice")
+    await alice.create(CHANNEL)
+    assert alice.group is not None
+    messages = [alice.group.encrypt(text) for text in (b"one", b"two", b"three")]
+    ids = [b"id-1", b"id-2", b"id-3"]
+    fail_the_next_append(stack.relay.relay.store, monkeypatch)
+    frames = [
+        pb.Publish(channel=CHANNEL, message=[m], message_id=[i])
+        for m, i in zip(messages, ids, strict=True)
+    ]
+    replies = await asyncio.gather(*(alice.conn.request(f, check=False) for f in frames))
+    assert [r.code for r in replies] == [UNAVAILABLE] * 3, replies
+    assert "new stream" in replies[1].message
+    assert [e.message for e in await stack.relay.relay.store.read(CHANNEL, 0, 10)] == []
+
+    again = await connect(stack, account, b"alice")
+    for f in frames:
+        await again.request(f)
+    stored = await stack.relay.relay.store.read(CHANNEL, 0, 10)
+    assert [e.message for e in stored] == messages
+    await close(alice)
+    await again.close()

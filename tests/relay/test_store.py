@@ -24,6 +24,8 @@ from svc_server.relay.store import (
     Entry,
     GroupConflict,
     LogStore,
+    Pipeline,
+    PipelineBroken,
     StaleMessages,
 )
 
@@ -74,6 +76,56 @@ async def _commit(
         joiners,
         (version, f"group-{epoch + 1}".encode()),
     )
+
+
+def fail_the_next_append(store: LogStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store cannot write the next append (SQLite: an I/O error in its statements;
+    Redis: the connection drops under the pipeline of script calls)."""
+    if isinstance(store, SqliteLogStore):
+        row = SqliteLogStore._channel_row
+
+        def failing(conn: sqlite3.Connection, channel: str) -> tuple[int, int]:
+            monkeypatch.setattr(SqliteLogStore, "_channel_row", staticmethod(row))
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(SqliteLogStore, "_channel_row", staticmethod(failing))
+        return
+    assert isinstance(store, RedisLogStore)
+    client = store._redis
+    pipeline = client.pipeline
+
+    def dropped(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(client, "pipeline", pipeline)
+        raise ConnectionError("the connection dropped")
+
+    monkeypatch.setattr(client, "pipeline", dropped)
+
+
+async def test_an_append_behind_a_failed_one_of_its_pipeline_is_not_stored(
+    store: LogStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream's appends to a channel are sent without waiting for each: once one fails,
+    the ones behind it fail too, unstored, so that none of them overtakes it when its
+    sender sends it again. Other pipelines are not held up."""
+    await store.append_many("a/b/c", b"s", [(b"zero", 0)], [b"0"], Pipeline())
+    pipeline = Pipeline()
+    fail_the_next_append(store, monkeypatch)
+    first = store.append_many("a/b/c", b"s", [(b"one", 0)], [b"1"], pipeline)
+    second = store.append_many("a/b/c", b"s", [(b"two", 0)], [b"2"], pipeline)
+    with pytest.raises(Exception) as failed:
+        await first
+    assert not isinstance(failed.value, PipelineBroken)
+    with pytest.raises(Exception):  # noqa: B017 - PipelineBroken, or the same failure in a batch
+        await second
+    assert [e.message for e in await store.read("a/b/c", 0, 10)] == [b"zero"]
+
+    # Sent again in another pipeline (a new stream), in order.
+    again = Pipeline()
+    for message, id_ in ((b"one", b"1"), (b"two", b"2")):
+        await store.append_many("a/b/c", b"s", [(message, 0)], [id_], again)
+    assert [e.message for e in await store.read("a/b/c", 0, 10)] == [b"zero", b"one", b"two"]
+    with pytest.raises(PipelineBroken):
+        await store.append_many("a/b/c", b"s", [(b"three", 0)], [b"3"], pipeline)
 
 
 async def test_a_dropped_group_s_version_is_never_reused(store: LogStore) -> None:
