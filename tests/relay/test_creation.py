@@ -5,7 +5,6 @@ again, and no other account can."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -16,19 +15,15 @@ import pytest
 from svc_sdk._relay_pb import relay_pb2 as pb
 from svc_server.stack import Stack
 
-from .conftest import Account, connect, new_account
-from .helpers import Member, engine
+from .conftest import Account, new_account
+from .helpers import Member
+from .test_relay import member
 
 pytestmark = pytest.mark.anyio
 CHANNEL = "acme/support/triage"
 DENIED = grpc.StatusCode.PERMISSION_DENIED.value[0]
 EXISTS = grpc.StatusCode.ALREADY_EXISTS.value[0]
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]
-
-
-async def member(stack: Stack, account: Account, root: Path, name: str) -> Member:
-    made = await asyncio.to_thread(engine, root, name, (account.api_url, account.key))
-    return Member(name, made, await connect(stack, account, name.encode()))
 
 
 async def create(m: Member) -> pb.Reply:
