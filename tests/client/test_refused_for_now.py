@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -64,13 +63,16 @@ class Refusals:
             thread.join(30)
 
 
-def members(stack: LocalStack, ids: Any, sender_key: str, receiver_key: str) -> Iterator[Any]:
+def members(
+    stack: LocalStack, ids: Any, sender_key: str, receiver_key: str
+) -> tuple[SvcClient, Channel, SvcClient, Channel]:
+    """A sender and a receiver in a new channel, each of the account its key is for."""
     channel = f"acme/tests/refused-{ids('c')}"
     ca = client(stack, ids("a"), api_key=sender_key)
     cb = client(stack, ids("b"), api_key=receiver_key)
     chan_a = ca.create_channel(channel)
     chan_b = cb.join_channel(channel, chan_a.add_member(cb.generate_key_package()))
-    yield from (ca, chan_a, cb, chan_b)
+    return ca, chan_a, cb, chan_b
 
 
 def read(channel: Channel, count: int, limit: int = 32) -> list[bytes]:
