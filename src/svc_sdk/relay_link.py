@@ -82,6 +82,8 @@ class TokenSource(Protocol):
 
 # ``_Sub.current`` while paused: no delivery carries it (subscription ids are uint64).
 PAUSED = -1
+# A resubscribe sent (its Reply's future, if it was written) and on which connection.
+Resubscribed = tuple["concurrent.futures.Future[Reply] | None", int]
 
 
 @dataclass
@@ -537,25 +539,25 @@ class RelayLink:
         sub.head = reply.head_seq
         sub.ready.set()
 
-    def _resubscribe(self, sub: _Sub, channel: str) -> concurrent.futures.Future[Reply] | None:
-        """Subscribes again, not waiting for the Reply (caller holds the lock; hand the
-        future to :meth:`_when_subscribed` after releasing it): for the reading thread,
-        and for resume(), which must not block."""
+    def _resubscribe(self, sub: _Sub, channel: str) -> Resubscribed:
+        """Subscribes again, not waiting for the Reply (caller holds the lock; hand what
+        it returns to :meth:`_when_subscribed` after releasing it): for the reading
+        thread, and for resume(), which must not block. Returns the Reply's future (None
+        if the next connection subscribes it with the others) and the connection's
+        generation, taken under the lock with it."""
         conn = self._conn
         if conn is None:
-            return None  # the next connection subscribes it with the others
+            return None, self.generation
         try:
-            return self._send_subscribe(sub, channel, conn)
+            return self._send_subscribe(sub, channel, conn), self.generation
         except ConnectionError:
-            return None  # the stream is ending: the next connection subscribes it
+            return None, self.generation  # the stream is ending: the next one subscribes it
 
-    def _when_subscribed(
-        self, sub: _Sub, channel: str, future: concurrent.futures.Future[Reply] | None
-    ) -> None:
+    def _when_subscribed(self, sub: _Sub, channel: str, sent: Resubscribed) -> None:
         """Takes in the Reply to a resubscribe when it comes (not holding the lock: a
         refusal closes the channel, which may call back into the link)."""
+        future, generation = sent
         if future is not None:
-            generation = self.generation
             future.add_done_callback(partial(self._on_resubscribed, sub, channel, generation))
 
     def _on_resubscribed(
