@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 import uuid
@@ -395,3 +396,34 @@ async def test_a_publish_behind_a_throttled_one_is_not_stored_before_it(
     assert [e.message for e in stored if not e.handshake] == [first, second]
     for conn in (alice.conn, prober, again):
         await conn.close()
+
+
+async def test_a_stream_held_back_on_too_many_channels_is_closed(
+    stack: Stack, account: Account
+) -> None:
+    """Each channel a stream was throttled on is remembered for the stream's life: a
+    stream that goes on asking for new names past the budget is closed at 1,000 of
+    them, not left to grow."""
+    from svc_server.relay import session
+    from svc_server.relay.denials import DENIAL_BURST, Denials
+
+    from .conftest import connect
+
+    stack.relay.relay.denials = Denials(clock=lambda: 0.0)  # never refills
+    probe = await connect(stack, account, b"probe")
+    codes: collections.Counter[int] = collections.Counter()
+
+    async def ask_on() -> None:
+        for n in range(DENIAL_BURST + session.MAX_HELD_BACK + 10):
+            reply = await probe.request(pb.Subscribe(channel=f"no/such/c{n}"), check=False)
+            codes[reply.code] += 1
+
+    with pytest.raises(ConnectionError):
+        await ask_on()
+    assert probe.closed is not None
+    ended = await asyncio.wait_for(probe.closed, 10)
+    assert isinstance(ended, StreamError) and ended.status == Code.RESOURCE_EXHAUSTED, ended
+    assert codes[Code.PERMISSION_DENIED] == DENIAL_BURST
+    # The request that passed the bound may be answered before the stream ends, or not.
+    assert session.MAX_HELD_BACK <= codes[Code.RESOURCE_EXHAUSTED] <= session.MAX_HELD_BACK + 1
+    await probe.close()
